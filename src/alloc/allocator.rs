@@ -1,0 +1,211 @@
+//! The public, thread-safe caching allocator.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use super::block::BlockId;
+use super::config::{AllocatorConfig, ConfigError, validate_memory_fraction};
+use super::engine::{Engine, Growth};
+use super::error::AllocError;
+use super::snapshot::Snapshot;
+use super::stats::MemoryStats;
+use super::summary::summary;
+use super::trace::Trace;
+use crate::device::{DeviceMemory, StreamId};
+
+static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One live block handed out by a [`CachingAllocator`].
+///
+/// It describes memory like a pointer does: cloning it is allowed, and freeing it twice (or
+/// freeing it on another allocator) is reported as [`AllocError::InvalidFree`].
+#[derive(Clone, Debug)]
+pub struct Allocation<H> {
+    allocator: u64,
+    id: u64,
+    address: u64,
+    offset: u64,
+    size: u64,
+    requested: u64,
+    stream: StreamId,
+    segment: H,
+}
+
+impl<H> Allocation<H> {
+    /// Unique within its allocator, never reused.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The device address of the block.
+    pub fn address(&self) -> u64 {
+        self.address
+    }
+
+    /// The block's size: the request rounded up (at least `requested_size`).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn requested_size(&self) -> u64 {
+        self.requested
+    }
+
+    /// The stream the block was allocated on.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// The device handle of the segment holding the block.
+    pub fn segment(&self) -> &H {
+        &self.segment
+    }
+
+    /// The block's offset inside its segment.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+/// A PyTorch-style caching allocator over any [`DeviceMemory`].
+///
+/// Every method takes `&self` and locks one mutex, so one allocator serves many threads.
+pub struct CachingAllocator<D: DeviceMemory> {
+    id: u64,
+    engine: Mutex<Engine<D>>,
+}
+
+impl<D: DeviceMemory> CachingAllocator<D> {
+    pub fn new(device: D, config: AllocatorConfig) -> Self {
+        Self {
+            id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
+            engine: Mutex::new(Engine::new(device, config)),
+        }
+    }
+
+    fn allocation(&self, engine: &Engine<D>, block: BlockId) -> Allocation<D::Handle> {
+        let b = &engine.blocks.blocks[block];
+        let segment = &engine.blocks.segments[b.segment];
+        Allocation {
+            allocator: self.id,
+            id: b.allocation_id,
+            address: segment.address + b.offset,
+            offset: b.offset,
+            size: b.size,
+            requested: b.requested,
+            stream: segment.stream,
+            segment: segment.handle.clone(),
+        }
+    }
+
+    /// Allocates `size` bytes for `stream`, growing reserved memory if no cached block fits.
+    pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation<D::Handle>, AllocError> {
+        let mut engine = self.engine.lock();
+        let block = engine
+            .malloc(size, stream, Growth::Allowed)?
+            .expect("growth allowed always yields a block or an error");
+        Ok(self.allocation(&engine, block))
+    }
+
+    /// Allocates from cached blocks only: `Ok(None)` where `malloc` would grow.
+    pub fn malloc_cached(
+        &self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
+        let mut engine = self.engine.lock();
+        let block = engine.malloc(size, stream, Growth::CacheOnly)?;
+        Ok(block.map(|b| self.allocation(&engine, b)))
+    }
+
+    /// Whether a cached block would serve this request without new device memory.
+    pub fn can_serve_from_cache(&self, size: u64, stream: StreamId) -> bool {
+        if size == 0 {
+            return false;
+        }
+        let engine = self.engine.lock();
+        let rounded = super::size::round_size(size, &engine.config.roundup_power2_divisions);
+        let pool = super::size::PoolKind::for_size(rounded);
+        engine.find_free_block(pool, stream, rounded).is_some()
+    }
+
+    /// Frees an allocation. Its block is reusable at once, or, if it was used on other
+    /// streams, once events recorded on those streams now have completed.
+    pub fn free(&self, allocation: Allocation<D::Handle>) -> Result<(), AllocError> {
+        if allocation.allocator != self.id {
+            return Err(AllocError::InvalidFree { id: allocation.id });
+        }
+        self.engine.lock().free(allocation.id)
+    }
+
+    /// Notes that `allocation` is used on `stream` as well as its own.
+    pub fn record_stream(
+        &self,
+        allocation: &Allocation<D::Handle>,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
+        if allocation.allocator != self.id {
+            return Err(AllocError::InvalidFree { id: allocation.id });
+        }
+        self.engine.lock().record_stream(allocation.id, stream)
+    }
+
+    /// Returns every cached segment that holds no live block to the device; returns the bytes
+    /// released. Segments holding a live block stay.
+    pub fn empty_cache(&self) -> Result<u64, AllocError> {
+        self.engine.lock().empty_cache()
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        self.engine.lock().stats.clone()
+    }
+
+    pub fn reset_peak_stats(&self) {
+        self.engine.lock().stats.reset_peak();
+    }
+
+    pub fn reset_accumulated_stats(&self) {
+        self.engine.lock().stats.reset_accumulated();
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        self.engine.lock().snapshot()
+    }
+
+    /// A table of the statistics, like `torch.cuda.memory_summary()`.
+    pub fn summary(&self) -> String {
+        summary(&self.stats())
+    }
+
+    /// Limits reserved memory to `fraction` of the device's total; `fraction` in (0, 1].
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), ConfigError> {
+        let fraction = validate_memory_fraction(fraction)?;
+        self.engine.lock().config.memory_fraction = Some(fraction);
+        Ok(())
+    }
+
+    pub fn config(&self) -> AllocatorConfig {
+        self.engine.lock().config.clone()
+    }
+
+    /// Starts or stops recording the trace.
+    pub fn record_history(&self, enabled: bool) {
+        self.engine.lock().set_history(enabled);
+    }
+
+    /// The trace recorded so far (empty when history is off).
+    pub fn trace(&self) -> Trace {
+        let engine = self.engine.lock();
+        engine
+            .history
+            .as_ref()
+            .map(|h| h.to_trace())
+            .unwrap_or_default()
+    }
+
+    /// Runs `f` on the device under the allocator's lock.
+    pub fn with_device<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
+        f(&mut self.engine.lock().device)
+    }
+}

@@ -1,0 +1,306 @@
+//! The allocator's settings and the PyTorch-style string they are read from.
+//!
+//! `max_split_size_mb:128,garbage_collection_threshold:0.8,roundup_power2_divisions:4`:
+//! comma-separated `key:value` items, read from `BURN_CACHING_ALLOC_CONF` by
+//! [`AllocatorConfig::from_env`]. Anything malformed, unknown or out of range is an error
+//! that names the key and what it accepts; nothing is silently ignored.
+
+use serde::{Deserialize, Serialize};
+
+use super::size::MIB;
+
+/// The environment variable [`AllocatorConfig::from_env`] reads.
+pub const CONFIG_ENV: &str = "BURN_CACHING_ALLOC_CONF";
+
+/// Every key the configuration string accepts.
+pub const KNOWN_KEYS: [&str; 7] = [
+    "max_split_size_mb",
+    "max_non_split_rounding_mb",
+    "garbage_collection_threshold",
+    "roundup_power2_divisions",
+    "per_process_memory_fraction",
+    "record_history",
+    "history_capacity",
+];
+
+/// The largest `max_split_size_mb` / `max_non_split_rounding_mb` accepted (1 PiB in MiB).
+const MAX_MB: u64 = 1 << 30;
+/// The largest power-of-two division count accepted.
+const MAX_DIVISIONS: u64 = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("malformed allocator config item `{item}`: {reason}")]
+    Malformed { item: String, reason: String },
+    #[error("unknown allocator config key `{key}`; known keys: {}", KNOWN_KEYS.join(", "))]
+    UnknownKey { key: String },
+    #[error("invalid value `{value}` for allocator config key `{key}`: expected {expected}")]
+    InvalidValue {
+        key: String,
+        value: String,
+        expected: String,
+    },
+    #[error("allocator config key `{key}` is not supported: {reason}")]
+    Unsupported { key: String, reason: String },
+    #[error("allocator config key `{key}` is given twice")]
+    Duplicate { key: String },
+}
+
+/// Power-of-two rounding divisions, by size interval.
+///
+/// Each entry `(upper, n)` applies `n` divisions to sizes up to `upper` bytes; the last entry
+/// has `upper == u64::MAX`. A single number applies to every size. `n <= 1` means no rounding.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RoundupDivisions {
+    intervals: Vec<(u64, u64)>,
+}
+
+impl RoundupDivisions {
+    /// `n` divisions for every size.
+    pub fn uniform(n: u64) -> Self {
+        Self {
+            intervals: vec![(u64::MAX, n)],
+        }
+    }
+
+    /// The division count for a request of `size` bytes (0 when none is configured).
+    pub fn for_size(&self, size: u64) -> u64 {
+        self.intervals
+            .iter()
+            .find(|(upper, _)| size <= *upper)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.intervals.iter().all(|(_, n)| *n <= 1)
+    }
+
+    /// Parses `4` or `[256:1,512:2,>:8]` (interval bounds in MiB, ascending powers of two).
+    fn parse(value: &str) -> Result<Self, ConfigError> {
+        let invalid = |expected: &str| ConfigError::InvalidValue {
+            key: "roundup_power2_divisions".into(),
+            value: value.into(),
+            expected: expected.into(),
+        };
+        let divisions = |text: &str| -> Result<u64, ConfigError> {
+            match text.trim().parse::<u64>() {
+                Ok(n) if n == 0 || (n.is_power_of_two() && n <= MAX_DIVISIONS) => Ok(n),
+                _ => Err(invalid("0 or a power of two up to 64")),
+            }
+        };
+        let Some(list) = value.strip_prefix('[') else {
+            return Ok(Self::uniform(divisions(value)?));
+        };
+        let list = list
+            .strip_suffix(']')
+            .ok_or_else(|| invalid("a number or a list like [256:1,512:2,>:8]"))?;
+        let mut intervals: Vec<(u64, u64)> = Vec::new();
+        for entry in list.split(',') {
+            let (bound, n) = entry
+                .split_once(':')
+                .ok_or_else(|| invalid("list entries of the form SIZE_MB:DIVISIONS or >:DIVISIONS"))?;
+            let upper = match bound.trim() {
+                ">" => u64::MAX,
+                mb => match mb.parse::<u64>() {
+                    Ok(mb) if mb.is_power_of_two() && mb <= MAX_MB => mb * MIB,
+                    _ => return Err(invalid("interval bounds that are powers of two in MiB")),
+                },
+            };
+            if intervals.last().is_some_and(|(last, _)| *last >= upper) {
+                return Err(invalid("interval bounds in ascending order, `>` last"));
+            }
+            intervals.push((upper, divisions(n)?));
+        }
+        if intervals.is_empty() {
+            return Err(invalid("a non-empty list"));
+        }
+        Ok(Self { intervals })
+    }
+}
+
+/// How the allocator places, rounds, collects and records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AllocatorConfig {
+    /// Blocks at least this large are never split (`None`: unlimited).
+    pub max_split_size: Option<u64>,
+    /// How much larger than an oversize request a cached oversize block may be and still serve it.
+    pub max_non_split_rounding: u64,
+    /// Free old cached segments once reserved memory exceeds this fraction of allowed memory.
+    pub garbage_collection_threshold: Option<f64>,
+    /// Power-of-two rounding of request sizes.
+    pub roundup_power2_divisions: RoundupDivisions,
+    /// Reserved memory may not exceed this fraction of the device's total memory.
+    pub memory_fraction: Option<f64>,
+    /// Record every engine operation in the trace ring.
+    pub record_history: bool,
+    /// How many trace events the ring keeps.
+    pub history_capacity: usize,
+}
+
+impl Default for AllocatorConfig {
+    fn default() -> Self {
+        Self {
+            max_split_size: None,
+            max_non_split_rounding: 20 * MIB,
+            garbage_collection_threshold: None,
+            roundup_power2_divisions: RoundupDivisions::default(),
+            memory_fraction: None,
+            record_history: false,
+            history_capacity: 1 << 20,
+        }
+    }
+}
+
+impl AllocatorConfig {
+    /// Reads `BURN_CACHING_ALLOC_CONF`; unset or empty gives the defaults.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        match std::env::var(CONFIG_ENV) {
+            Ok(value) => Self::parse(&value),
+            Err(std::env::VarError::NotPresent) => Ok(Self::default()),
+            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::Malformed {
+                item: CONFIG_ENV.into(),
+                reason: "the variable is not valid UTF-8".into(),
+            }),
+        }
+    }
+
+    /// Parses a comma-separated `key:value` string; an empty string gives the defaults.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let mut config = Self::default();
+        let mut seen: Vec<String> = Vec::new();
+        for item in split_items(text)? {
+            let (key, value) = item.split_once(':').ok_or_else(|| ConfigError::Malformed {
+                item: item.to_string(),
+                reason: "expected `key:value`".into(),
+            })?;
+            let (key, value) = (key.trim(), value.trim());
+            if key.is_empty() || value.is_empty() {
+                return Err(ConfigError::Malformed {
+                    item: item.to_string(),
+                    reason: "expected a non-empty key and value".into(),
+                });
+            }
+            if seen.iter().any(|k| k == key) {
+                return Err(ConfigError::Duplicate { key: key.into() });
+            }
+            config.apply(key, value)?;
+            seen.push(key.to_string());
+        }
+        Ok(config)
+    }
+
+    fn apply(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        match key {
+            "max_split_size_mb" => {
+                let mb = parse_integer(key, value, 21, MAX_MB)?;
+                self.max_split_size = Some(mb * MIB);
+            }
+            "max_non_split_rounding_mb" => {
+                self.max_non_split_rounding = parse_integer(key, value, 0, MAX_MB)? * MIB;
+            }
+            "garbage_collection_threshold" => {
+                let t = parse_fraction(key, value, false)?;
+                self.garbage_collection_threshold = Some(t);
+            }
+            "roundup_power2_divisions" => {
+                self.roundup_power2_divisions = RoundupDivisions::parse(value)?;
+            }
+            "per_process_memory_fraction" => {
+                self.memory_fraction = Some(parse_fraction(key, value, true)?);
+            }
+            "record_history" => {
+                self.record_history = match value {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => return Err(invalid(key, value, "true or false")),
+                };
+            }
+            "history_capacity" => {
+                self.history_capacity = parse_integer(key, value, 1, 1 << 32)? as usize;
+            }
+            "expandable_segments" | "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" => {
+                return Err(ConfigError::Unsupported {
+                    key: key.into(),
+                    reason: "this allocator has no such mode".into(),
+                });
+            }
+            _ => return Err(ConfigError::UnknownKey { key: key.into() }),
+        }
+        Ok(())
+    }
+}
+
+/// Checks a memory fraction: a number in (0, 1].
+pub fn validate_memory_fraction(fraction: f64) -> Result<f64, ConfigError> {
+    parse_fraction("per_process_memory_fraction", &fraction.to_string(), true)
+}
+
+/// Splits on commas that are not inside `[...]`.
+fn split_items(text: &str) -> Result<Vec<&str>, ConfigError> {
+    let mut items = Vec::new();
+    let mut depth = 0i32;
+    let mut start = 0;
+    for (i, c) in text.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        if !(0..=1).contains(&depth) {
+            return Err(ConfigError::Malformed {
+                item: text.into(),
+                reason: "unbalanced or nested brackets".into(),
+            });
+        }
+    }
+    if depth != 0 {
+        return Err(ConfigError::Malformed {
+            item: text.into(),
+            reason: "unclosed `[`".into(),
+        });
+    }
+    items.push(&text[start..]);
+    let trimmed: Vec<&str> = items.into_iter().map(str::trim).collect();
+    if trimmed.len() == 1 && trimmed[0].is_empty() {
+        return Ok(Vec::new());
+    }
+    if trimmed.iter().any(|item| item.is_empty()) {
+        return Err(ConfigError::Malformed {
+            item: text.into(),
+            reason: "empty item between commas".into(),
+        });
+    }
+    Ok(trimmed)
+}
+
+fn invalid(key: &str, value: &str, expected: &str) -> ConfigError {
+    ConfigError::InvalidValue {
+        key: key.into(),
+        value: value.into(),
+        expected: expected.into(),
+    }
+}
+
+fn parse_integer(key: &str, value: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
+    match value.parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(invalid(
+            key,
+            value,
+            &format!("a whole number from {min} to {max}"),
+        )),
+    }
+}
+
+/// A number in (0, 1] when `one_allowed`, else in (0, 1).
+fn parse_fraction(key: &str, value: &str, one_allowed: bool) -> Result<f64, ConfigError> {
+    let range = if one_allowed { "(0, 1]" } else { "(0, 1)" };
+    match value.parse::<f64>() {
+        Ok(f) if f > 0.0 && (f < 1.0 || (one_allowed && f == 1.0)) => Ok(f),
+        _ => Err(invalid(key, value, &format!("a number in {range}"))),
+    }
+}

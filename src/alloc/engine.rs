@@ -1,0 +1,253 @@
+//! The engine's state and its two entry points, malloc and free.
+//!
+//! Placement (best fit, split, merge) lives in `placement.rs`, the reclaim steps of the miss
+//! path in `reclaim.rs`, and cross-stream frees in `events.rs`; each adds methods to
+//! [`Engine`]. The public, thread-safe face is `CachingAllocator` in `allocator.rs`.
+//!
+//! A request walks this path, PyTorch's, in order:
+//! 1. complete pending frees whose stream events have finished;
+//! 2. round the size, pick the pool, take the best-fitting cached block of the same stream;
+//! 3. on a miss, collect garbage if a threshold is set (oldest unsplit cached segments first);
+//! 4. allocate a new segment from the device (refused up front if it would break the
+//!    per-process memory fraction);
+//! 5. if that fails, free cached oversize blocks and retry;
+//! 6. if that fails, synchronise pending events, free every unsplit cached segment and retry
+//!    (`num_alloc_retries` += 1);
+//! 7. if that fails, report out-of-memory (`num_ooms` += 1) with the numbers that explain it.
+
+use std::collections::HashMap;
+
+use super::block::{BlockId, BlockState, Blocks};
+use super::config::AllocatorConfig;
+use super::error::AllocError;
+use super::events::PendingFree;
+use super::free_list::FreeList;
+use super::size::{PoolKind, round_size, segment_size};
+use super::stats::MemoryStats;
+use super::trace::{TraceEvent, TraceRing};
+use crate::device::{DeviceMemory, StreamId};
+
+pub(crate) struct Engine<D: DeviceMemory> {
+    pub device: D,
+    pub config: AllocatorConfig,
+    pub blocks: Blocks<D::Handle>,
+    pub small: FreeList,
+    pub large: FreeList,
+    /// Live allocations by id.
+    pub live: HashMap<u64, BlockId>,
+    pub pending: Vec<PendingFree<D::Event>>,
+    pub stats: MemoryStats,
+    pub history: Option<TraceRing>,
+    /// Logical time: one tick per request.
+    pub clock: u64,
+    pub next_allocation_id: u64,
+    /// The device's total memory, asked once.
+    device_total: Option<u64>,
+}
+
+/// Whether a miss may allocate new device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Growth {
+    Allowed,
+    CacheOnly,
+}
+
+impl<D: DeviceMemory> Engine<D> {
+    pub fn new(device: D, config: AllocatorConfig) -> Self {
+        let history = config
+            .record_history
+            .then(|| TraceRing::new(config.history_capacity));
+        let stats = MemoryStats {
+            max_split_size: config.max_split_size.unwrap_or(u64::MAX),
+            ..MemoryStats::default()
+        };
+        Self {
+            device,
+            config,
+            blocks: Blocks::default(),
+            small: FreeList::default(),
+            large: FreeList::default(),
+            live: HashMap::new(),
+            pending: Vec::new(),
+            stats,
+            history,
+            clock: 0,
+            next_allocation_id: 1,
+            device_total: None,
+        }
+    }
+
+    pub fn free_list(&mut self, pool: PoolKind) -> &mut FreeList {
+        match pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        }
+    }
+
+    pub fn free_list_ref(&self, pool: PoolKind) -> &FreeList {
+        match pool {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        }
+    }
+
+    /// `max_split_size`, `u64::MAX` when unlimited.
+    pub fn max_split(&self) -> u64 {
+        self.config.max_split_size.unwrap_or(u64::MAX)
+    }
+
+    pub fn record(&mut self, event: impl FnOnce() -> TraceEvent) {
+        if let Some(history) = &mut self.history {
+            history.push(event());
+        }
+    }
+
+    pub fn set_history(&mut self, enabled: bool) {
+        self.config.record_history = enabled;
+        if enabled {
+            if self.history.is_none() {
+                self.history = Some(TraceRing::new(self.config.history_capacity));
+            }
+        } else {
+            self.history = None;
+        }
+    }
+
+    /// The device's total memory (asked once; `None` if the device cannot say).
+    pub fn device_total(&mut self) -> Option<u64> {
+        if self.device_total.is_none() {
+            self.device_total = self.device.memory_info().ok().map(|info| info.total);
+        }
+        self.device_total
+    }
+
+    /// What the per-process memory fraction allows reserved memory to reach.
+    pub fn fraction_limit(&mut self) -> Option<u64> {
+        let fraction = self.config.memory_fraction?;
+        let total = self.device_total()?;
+        Some((fraction * total as f64) as u64)
+    }
+
+    /// Serves a request; `Ok(None)` only with [`Growth::CacheOnly`] on a miss.
+    pub fn malloc(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        growth: Growth,
+    ) -> Result<Option<BlockId>, AllocError> {
+        if size == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        self.process_events()?;
+        let total = self.device_total();
+        let too_large = |max| AllocError::TooLarge {
+            requested: size,
+            max,
+        };
+        let rounded = round_size(size, &self.config.roundup_power2_divisions);
+        if let Some(total) = total
+            && rounded > total
+        {
+            return Err(too_large(total));
+        }
+        let pool = PoolKind::for_size(rounded);
+        let mut new_segment = segment_size(rounded);
+        if let Some(max) = self.device.max_segment_size()
+            && new_segment > max
+        {
+            if rounded > max {
+                return Err(too_large(max));
+            }
+            new_segment = rounded;
+        }
+        self.clock += 1;
+
+        if let Some(block) = self.take_free_block(pool, stream, rounded) {
+            return Ok(Some(self.allocate_block(block, rounded, size)));
+        }
+        if growth == Growth::CacheOnly {
+            return Ok(None);
+        }
+
+        self.collect_garbage()?;
+        let mut block = self.allocate_segment(new_segment, pool, stream)?;
+        if block.is_none() && self.release_oversize_blocks(pool, stream, rounded)? {
+            block = self.allocate_segment(new_segment, pool, stream)?;
+        }
+        if block.is_none() {
+            self.release_cached_blocks()?;
+            self.stats.num_alloc_retries += 1;
+            block = self.allocate_segment(new_segment, pool, stream)?;
+        }
+        match block {
+            Some(block) => Ok(Some(self.allocate_block(block, rounded, size))),
+            None => Err(self.out_of_memory(size, stream)),
+        }
+    }
+
+    /// Frees a live allocation by id.
+    pub fn free(&mut self, id: u64) -> Result<(), AllocError> {
+        let block = self
+            .live
+            .remove(&id)
+            .ok_or(AllocError::InvalidFree { id })?;
+        let pool = self.blocks.pool(block);
+        let max_split = self.max_split();
+        let b = &self.blocks.blocks[block];
+        let (size, requested) = (b.size, b.requested);
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        self.stats.requested_bytes.decrease(pool, requested);
+        if size >= max_split {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        self.record(|| TraceEvent::FreeRequested { id });
+        if self.blocks.blocks[block].stream_uses.is_empty() {
+            self.free_block(block);
+            Ok(())
+        } else {
+            self.blocks.blocks[block].state = BlockState::ActivePendingFree;
+            self.insert_events(block)
+        }
+    }
+
+    /// Notes that a live allocation is used on `stream` too.
+    pub fn record_stream(&mut self, id: u64, stream: StreamId) -> Result<(), AllocError> {
+        let block = *self.live.get(&id).ok_or(AllocError::InvalidFree { id })?;
+        if self.blocks.stream(block) != stream {
+            let uses = &mut self.blocks.blocks[block].stream_uses;
+            if !uses.contains(&stream) {
+                uses.push(stream);
+            }
+        }
+        self.record(|| TraceEvent::RecordStream {
+            id,
+            stream: stream.0,
+        });
+        Ok(())
+    }
+
+    /// Returns every cached segment with no allocated block to the device.
+    pub fn empty_cache(&mut self) -> Result<u64, AllocError> {
+        self.record(|| TraceEvent::EmptyCache);
+        self.release_cached_blocks()
+    }
+
+    fn out_of_memory(&mut self, size: u64, stream: StreamId) -> AllocError {
+        self.stats.num_ooms += 1;
+        self.record(|| TraceEvent::Oom {
+            size,
+            stream: stream.0,
+        });
+        let info = self.device.memory_info().ok();
+        let allocated = self.stats.memory_allocated();
+        AllocError::OutOfMemory {
+            requested: size,
+            allocated,
+            reserved_unallocated: self.stats.memory_reserved() - allocated,
+            device_free: info.map_or(0, |i| i.free),
+            device_total: info.map_or(0, |i| i.total),
+            limit: self.fraction_limit(),
+        }
+    }
+}

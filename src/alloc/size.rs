@@ -1,0 +1,113 @@
+//! How a request becomes a block size, which pool serves it and how large a new segment is.
+//!
+//! These are PyTorch's numbers: 512-byte granularity, a small pool for requests of at most
+//! 1 MiB carved out of 2 MiB segments, and a large pool whose segments are 20 MiB for requests
+//! under 10 MiB and otherwise the request rounded up to 2 MiB. Small requests share 2 MiB
+//! segments so that thousands of tiny tensors cost a few device calls; mid-size ones share
+//! 20 MiB segments so that a layer's worth of activations fits one device allocation; big
+//! ones get a segment of their own size, because rounding a 1 GiB request up to a fixed
+//! bucket would waste more than any reuse could win back.
+
+use serde::{Deserialize, Serialize};
+
+use super::config::RoundupDivisions;
+
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * KIB;
+
+/// Every block is a multiple of this, and no block is smaller.
+pub const MIN_BLOCK_SIZE: u64 = 512;
+/// Requests up to this size go to the small pool.
+pub const SMALL_SIZE: u64 = MIB;
+/// The segment size of the small pool.
+pub const SMALL_BUFFER: u64 = 2 * MIB;
+/// Large requests under this size get a `LARGE_BUFFER` segment.
+pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
+/// The shared segment size of mid-size large requests.
+pub const LARGE_BUFFER: u64 = 20 * MIB;
+/// Other large segments are rounded up to a multiple of this.
+pub const ROUND_LARGE: u64 = 2 * MIB;
+
+/// The two pools: they never share a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    Small,
+    Large,
+}
+
+impl PoolKind {
+    /// The pool that serves a block of `rounded` bytes.
+    pub fn for_size(rounded: u64) -> Self {
+        if rounded <= SMALL_SIZE {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        }
+    }
+
+    /// PyTorch's name for the pool in statistic keys.
+    pub fn stat_name(self) -> &'static str {
+        match self {
+            PoolKind::Small => "small_pool",
+            PoolKind::Large => "large_pool",
+        }
+    }
+}
+
+/// The block size a request of `size` bytes takes (`size` > 0; saturates at `u64::MAX`).
+///
+/// With power-of-two divisions configured for this size, the size is rounded up to the next
+/// of N equal steps between the two powers of two around it, as long as a step is at least
+/// `MIN_BLOCK_SIZE` (so every block stays a multiple of 512 bytes and every offset stays
+/// aligned); otherwise it is rounded up to a multiple of 512 bytes.
+pub fn round_size(size: u64, divisions: &RoundupDivisions) -> u64 {
+    if size <= MIN_BLOCK_SIZE {
+        return MIN_BLOCK_SIZE;
+    }
+    let n = divisions.for_size(size);
+    if n > 1 && size > MIN_BLOCK_SIZE * n {
+        return round_to_power2_division(size, n);
+    }
+    size.div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)
+}
+
+/// Rounds `size` up to the next of `divisions` equal steps between its enclosing powers of two.
+fn round_to_power2_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    let floor = 1u64 << (63 - size.leading_zeros());
+    let step = floor / divisions;
+    if step == 0 {
+        return floor << 1;
+    }
+    size.div_ceil(step).saturating_mul(step)
+}
+
+/// The size of a new segment for a block of `rounded` bytes.
+pub fn segment_size(rounded: u64) -> u64 {
+    if rounded <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if rounded < MIN_LARGE_ALLOC {
+        LARGE_BUFFER
+    } else {
+        rounded.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE)
+    }
+}
+
+/// Bytes as a person reads them: "1.50 MiB".
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}

@@ -1,0 +1,82 @@
+//! Raw device memory: the one trait the engine allocates segments through, and its
+//! implementations (a simulated device always; CUDA and wgpu behind their features).
+
+pub mod sim;
+
+use serde::{Deserialize, Serialize};
+
+/// A stream of work on a device. Blocks are cached per stream: a block freed on one stream is
+/// only reused on that stream, unless `record_stream` said otherwise and the event completed.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct StreamId(pub u64);
+
+impl core::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "stream {}", self.0)
+    }
+}
+
+/// Free and total bytes of a device, as its driver reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryInfo {
+    pub free: u64,
+    pub total: u64,
+}
+
+/// Why a device could not do what the engine asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// The device has no room for this segment now. The engine frees cache and retries.
+    #[error("the device is out of memory (requested {requested} bytes)")]
+    OutOfMemory { requested: u64 },
+    /// No single segment this large can exist on the device. Never retried.
+    #[error("the device cannot hold a single buffer of {requested} bytes (largest is {max} bytes)")]
+    TooLarge { requested: u64, max: u64 },
+    /// Any other driver failure.
+    #[error("device driver error: {0}")]
+    Driver(String),
+}
+
+/// A segment as the device hands it out: where it lives and how kernels reach it.
+#[derive(Clone, Debug)]
+pub struct DeviceSegment<H> {
+    pub address: u64,
+    pub size: u64,
+    pub handle: H,
+}
+
+/// Raw device memory for the caching engine: segments and stream events.
+///
+/// The engine calls every method with its own lock held, so implementations need no locking
+/// of their own for the engine's sake.
+pub trait DeviceMemory: Send + 'static {
+    /// How kernels reach a segment: a device pointer, a buffer, a fake id.
+    type Handle: Clone + Send + Sync + core::fmt::Debug + 'static;
+    /// A recorded stream event. Implementations should pool them.
+    type Event: Send + 'static;
+
+    /// Allocates one segment of exactly `size` bytes for `stream`.
+    fn allocate(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<DeviceSegment<Self::Handle>, DeviceError>;
+    /// Returns a segment to the device.
+    fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError>;
+    /// Free and total bytes of the device.
+    fn memory_info(&mut self) -> Result<MemoryInfo, DeviceError>;
+    /// Records an event on `stream` at the current point of its work.
+    fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, DeviceError>;
+    /// Whether the work before `event` has completed.
+    fn query_event(&mut self, event: &Self::Event) -> Result<bool, DeviceError>;
+    /// Blocks until the work before `event` has completed.
+    fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), DeviceError>;
+    /// Hands an event back once the engine no longer needs it.
+    fn release_event(&mut self, event: Self::Event);
+    /// The largest single segment the device can hold, if it has such a limit.
+    fn max_segment_size(&self) -> Option<u64> {
+        None
+    }
+}

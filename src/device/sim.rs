@@ -1,0 +1,232 @@
+//! A simulated device: fake addresses, a fixed capacity, failure injection and call counters.
+//!
+//! It backs the engine's tests and the benchmarks, so it runs anywhere. Clones share one
+//! device, so a test can keep a clone to inspect what the allocator did with the other.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo, StreamId};
+
+/// Where the first fake segment starts; segments are laid out upwards, 2 MiB aligned.
+const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+const ADDRESS_ALIGNMENT: u64 = 2 << 20;
+
+/// Calls the device has seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimCounters {
+    pub allocs: u64,
+    pub frees: u64,
+    pub failed_allocs: u64,
+    pub events_recorded: u64,
+    pub events_queried: u64,
+    pub events_synchronized: u64,
+    pub memory_info_calls: u64,
+}
+
+/// A simulated stream event: done once its stream was completed past it.
+#[derive(Debug)]
+pub struct SimEvent {
+    stream: StreamId,
+    sequence: u64,
+}
+
+#[derive(Debug)]
+struct SimState {
+    capacity: u64,
+    max_segment_size: Option<u64>,
+    next_address: u64,
+    next_handle: u64,
+    /// Live segments: address -> (size, handle).
+    live: BTreeMap<u64, (u64, u64)>,
+    bytes_in_use: u64,
+    counters: SimCounters,
+    /// Allocation calls to fail, counted from 1 at the next call.
+    fail_calls: Vec<u64>,
+    fail_over: Option<u64>,
+    /// Per stream: the last event sequence recorded and the last completed.
+    recorded: BTreeMap<StreamId, u64>,
+    completed: BTreeMap<StreamId, u64>,
+}
+
+/// A device that exists only in memory. `Handle` is the segment's id.
+#[derive(Clone, Debug)]
+pub struct SimDevice {
+    state: Arc<Mutex<SimState>>,
+}
+
+impl SimDevice {
+    /// A device of `capacity` bytes.
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(SimState {
+                capacity,
+                max_segment_size: None,
+                next_address: BASE_ADDRESS,
+                next_handle: 1,
+                live: BTreeMap::new(),
+                bytes_in_use: 0,
+                counters: SimCounters::default(),
+                fail_calls: Vec::new(),
+                fail_over: None,
+                recorded: BTreeMap::new(),
+                completed: BTreeMap::new(),
+            })),
+        }
+    }
+
+    /// Limits the size of one segment, like a backend with a maximum buffer size.
+    pub fn with_max_segment_size(self, max: u64) -> Self {
+        self.state.lock().max_segment_size = Some(max);
+        self
+    }
+
+    /// Makes the `n`-th allocation call from now (1 = the next one) fail as out of memory.
+    pub fn fail_nth_allocation(&self, n: u64) {
+        let mut state = self.state.lock();
+        let at = state.counters.allocs + state.counters.failed_allocs + n;
+        state.fail_calls.push(at);
+    }
+
+    /// Makes every allocation of more than `bytes` fail as out of memory (`None` lifts it).
+    pub fn fail_allocations_over(&self, bytes: Option<u64>) {
+        self.state.lock().fail_over = bytes;
+    }
+
+    /// Changes the capacity (already live segments stay).
+    pub fn set_capacity(&self, capacity: u64) {
+        self.state.lock().capacity = capacity;
+    }
+
+    /// Marks every event recorded so far on `stream` as completed.
+    pub fn complete_events(&self, stream: StreamId) {
+        let mut state = self.state.lock();
+        let last = state.recorded.get(&stream).copied().unwrap_or(0);
+        state.completed.insert(stream, last);
+    }
+
+    /// Marks every event on every stream as completed.
+    pub fn complete_all_events(&self) {
+        let mut state = self.state.lock();
+        let recorded = state.recorded.clone();
+        state.completed.extend(recorded);
+    }
+
+    pub fn counters(&self) -> SimCounters {
+        self.state.lock().counters
+    }
+
+    /// Live segments as (address, size), by address.
+    pub fn live_segments(&self) -> Vec<(u64, u64)> {
+        let state = self.state.lock();
+        state.live.iter().map(|(a, (s, _))| (*a, *s)).collect()
+    }
+
+    pub fn bytes_in_use(&self) -> u64 {
+        self.state.lock().bytes_in_use
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.state.lock().capacity
+    }
+}
+
+impl DeviceMemory for SimDevice {
+    type Handle = u64;
+    type Event = SimEvent;
+
+    fn allocate(
+        &mut self,
+        size: u64,
+        _stream: StreamId,
+    ) -> Result<DeviceSegment<u64>, DeviceError> {
+        let mut state = self.state.lock();
+        if let Some(max) = state.max_segment_size
+            && size > max
+        {
+            state.counters.failed_allocs += 1;
+            return Err(DeviceError::TooLarge {
+                requested: size,
+                max,
+            });
+        }
+        let call = state.counters.allocs + state.counters.failed_allocs + 1;
+        let injected = if let Some(pos) = state.fail_calls.iter().position(|&c| c == call) {
+            state.fail_calls.swap_remove(pos);
+            true
+        } else {
+            state.fail_over.is_some_and(|over| size > over)
+        };
+        if injected || size == 0 || state.bytes_in_use + size > state.capacity {
+            state.counters.failed_allocs += 1;
+            return Err(DeviceError::OutOfMemory { requested: size });
+        }
+        let address = state.next_address;
+        state.next_address = (address + size).next_multiple_of(ADDRESS_ALIGNMENT);
+        let handle = state.next_handle;
+        state.next_handle += 1;
+        state.live.insert(address, (size, handle));
+        state.bytes_in_use += size;
+        state.counters.allocs += 1;
+        Ok(DeviceSegment {
+            address,
+            size,
+            handle,
+        })
+    }
+
+    fn free(&mut self, segment: DeviceSegment<u64>) -> Result<(), DeviceError> {
+        let mut state = self.state.lock();
+        match state.live.get(&segment.address) {
+            Some(&(size, handle)) if size == segment.size && handle == segment.handle => {
+                state.live.remove(&segment.address);
+                state.bytes_in_use -= size;
+                state.counters.frees += 1;
+                Ok(())
+            }
+            _ => Err(DeviceError::Driver(format!(
+                "free of unknown segment at {:#x} ({} bytes)",
+                segment.address, segment.size
+            ))),
+        }
+    }
+
+    fn memory_info(&mut self) -> Result<MemoryInfo, DeviceError> {
+        let mut state = self.state.lock();
+        state.counters.memory_info_calls += 1;
+        Ok(MemoryInfo {
+            free: state.capacity.saturating_sub(state.bytes_in_use),
+            total: state.capacity,
+        })
+    }
+
+    fn record_event(&mut self, stream: StreamId) -> Result<SimEvent, DeviceError> {
+        let mut state = self.state.lock();
+        state.counters.events_recorded += 1;
+        let sequence = state.recorded.get(&stream).copied().unwrap_or(0) + 1;
+        state.recorded.insert(stream, sequence);
+        Ok(SimEvent { stream, sequence })
+    }
+
+    fn query_event(&mut self, event: &SimEvent) -> Result<bool, DeviceError> {
+        let mut state = self.state.lock();
+        state.counters.events_queried += 1;
+        Ok(state.completed.get(&event.stream).copied().unwrap_or(0) >= event.sequence)
+    }
+
+    fn synchronize_event(&mut self, event: &SimEvent) -> Result<(), DeviceError> {
+        let mut state = self.state.lock();
+        state.counters.events_synchronized += 1;
+        let done = state.completed.entry(event.stream).or_insert(0);
+        *done = (*done).max(event.sequence);
+        Ok(())
+    }
+
+    fn release_event(&mut self, _event: SimEvent) {}
+
+    fn max_segment_size(&self) -> Option<u64> {
+        self.state.lock().max_segment_size
+    }
+}
