@@ -13,7 +13,10 @@ fn parses_every_key() {
     .unwrap();
     assert_eq!(config.max_split_size, Some(128 * MIB));
     assert_eq!(config.garbage_collection_threshold, Some(0.8));
-    assert_eq!(config.roundup_power2_divisions, RoundupDivisions::uniform(4));
+    assert_eq!(
+        config.roundup_power2_divisions,
+        RoundupDivisions::uniform(4)
+    );
     assert_eq!(config.max_non_split_rounding, 30 * MIB);
     assert_eq!(config.memory_fraction, Some(0.5));
     assert!(config.record_history);
@@ -22,8 +25,14 @@ fn parses_every_key() {
 
 #[test]
 fn empty_string_gives_the_defaults() {
-    assert_eq!(AllocatorConfig::parse("").unwrap(), AllocatorConfig::default());
-    assert_eq!(AllocatorConfig::parse("  ").unwrap(), AllocatorConfig::default());
+    assert_eq!(
+        AllocatorConfig::parse("").unwrap(),
+        AllocatorConfig::default()
+    );
+    assert_eq!(
+        AllocatorConfig::parse("  ").unwrap(),
+        AllocatorConfig::default()
+    );
     let d = AllocatorConfig::default();
     assert_eq!(d.max_split_size, None);
     assert_eq!(d.max_non_split_rounding, 20 * MIB);
@@ -48,7 +57,10 @@ fn rejects_malformed_unknown_and_out_of_range_values() {
         ("roundup_power2_divisions:3", "not a power of two"),
         ("roundup_power2_divisions:[64:4,32:2]", "descending bounds"),
         ("roundup_power2_divisions:[64:4", "unclosed bracket"),
-        ("roundup_power2_divisions:[48:4,>:8]", "bound not a power of two"),
+        (
+            "roundup_power2_divisions:[48:4,>:8]",
+            "bound not a power of two",
+        ),
         ("record_history:maybe", "not a bool"),
         ("history_capacity:0", "zero capacity"),
         ("max_split_size_mb:128,max_split_size_mb:256", "duplicate"),
@@ -56,7 +68,10 @@ fn rejects_malformed_unknown_and_out_of_range_values() {
         ("expandable_segments:True", "unsupported mode"),
     ];
     for (text, why) in cases {
-        assert!(AllocatorConfig::parse(text).is_err(), "`{text}` ({why}) must be rejected");
+        assert!(
+            AllocatorConfig::parse(text).is_err(),
+            "`{text}` ({why}) must be rejected"
+        );
     }
 }
 
@@ -81,7 +96,10 @@ fn errors_name_the_key_and_the_accepted_range() {
     assert!(err.to_string().contains("from 21 to"), "{err}");
     let err = AllocatorConfig::parse("max_splt_size_mb:128").unwrap_err();
     assert!(matches!(err, ConfigError::UnknownKey { ref key } if key == "max_splt_size_mb"));
-    assert!(err.to_string().contains("max_split_size_mb"), "lists the known keys: {err}");
+    assert!(
+        err.to_string().contains("max_split_size_mb"),
+        "lists the known keys: {err}"
+    );
 }
 
 #[test]
@@ -89,9 +107,15 @@ fn from_env_reads_the_variable() {
     // The only test in this binary that touches the variable.
     // SAFETY: no other thread of this test binary reads or writes the environment.
     unsafe { std::env::set_var("BURN_CACHING_ALLOC_CONF", "max_split_size_mb:64") };
-    assert_eq!(AllocatorConfig::from_env().unwrap().max_split_size, Some(64 * MIB));
+    assert_eq!(
+        AllocatorConfig::from_env().unwrap().max_split_size,
+        Some(64 * MIB)
+    );
     unsafe { std::env::set_var("BURN_CACHING_ALLOC_CONF", "bogus") };
     assert!(AllocatorConfig::from_env().is_err());
     unsafe { std::env::remove_var("BURN_CACHING_ALLOC_CONF") };
-    assert_eq!(AllocatorConfig::from_env().unwrap(), AllocatorConfig::default());
+    assert_eq!(
+        AllocatorConfig::from_env().unwrap(),
+        AllocatorConfig::default()
+    );
 }

@@ -85,7 +85,9 @@ fn best_fit_takes_the_smallest_block_that_fits_and_the_lowest_address_on_ties() 
     // 512: the 512-byte remainder after y fits exactly; the 1024-byte one after x is larger.
     let z = alloc.malloc(512, S0).unwrap();
     assert_eq!(z.address(), addresses[4] + 1536);
-    drop((b1, b3, b5));
+    for b in [b1, b3, b5, x, y, z] {
+        alloc.free(b).unwrap();
+    }
     check_invariants(&alloc, &device);
 }
 
@@ -122,9 +124,14 @@ fn large_pool_splits_only_remainders_over_1mib() {
     let d = alloc.malloc(16 * MIB + 512 * KIB, S0).unwrap();
     assert_eq!(
         layout(&alloc),
-        vec![vec![(2 * MIB, A), (16 * MIB + 512 * KIB, A), (MIB + 512 * KIB, F)]]
+        vec![vec![
+            (2 * MIB, A),
+            (16 * MIB + 512 * KIB, A),
+            (MIB + 512 * KIB, F)
+        ]]
     );
-    drop((a, d));
+    alloc.free(a).unwrap();
+    alloc.free(d).unwrap();
     check_invariants(&alloc, &device);
 }
 
@@ -148,7 +155,11 @@ fn oversize_blocks_are_never_split_and_never_serve_small_requests() {
     assert_eq!(layout(&alloc), vec![vec![(100 * MIB, F)]]);
     // A 30 MiB request is under max_split_size: it may not take the cached 100 MiB block.
     let mid = alloc.malloc(30 * MIB, S0).unwrap();
-    assert_eq!(device.counters().allocs, 2, "a new segment for the 30 MiB request");
+    assert_eq!(
+        device.counters().allocs,
+        2,
+        "a new segment for the 30 MiB request"
+    );
     assert_eq!(
         layout(&alloc),
         vec![vec![(100 * MIB, F)], vec![(30 * MIB, A)]]
@@ -166,16 +177,24 @@ fn oversize_blocks_are_never_split_and_never_serve_small_requests() {
     let stats = alloc.stats();
     assert_eq!(stats.oversize_allocations.current, 1);
     assert_eq!(stats.oversize_segments.current, 2);
-    drop(mid);
+    alloc.free(mid).unwrap();
+    alloc.free(other).unwrap();
     check_invariants(&alloc, &device);
 }
 
 #[test]
 fn max_non_split_rounding_widens_what_an_oversize_request_may_take() {
-    let (alloc, device) = allocator(1024 * MIB, "max_split_size_mb:64,max_non_split_rounding_mb:40");
+    let (alloc, device) = allocator(
+        1024 * MIB,
+        "max_split_size_mb:64,max_non_split_rounding_mb:40",
+    );
     let big = alloc.malloc(100 * MIB, S0).unwrap();
     alloc.free(big).unwrap();
     let other = alloc.malloc(70 * MIB, S0).unwrap();
-    assert_eq!(other.size(), 100 * MIB, "30 MiB over is within the 40 MiB allowed");
+    assert_eq!(
+        other.size(),
+        100 * MIB,
+        "30 MiB over is within the 40 MiB allowed"
+    );
     assert_eq!(device.counters().allocs, 1);
 }

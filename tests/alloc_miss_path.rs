@@ -20,11 +20,15 @@ fn a_failed_device_allocation_frees_unused_segments_and_retries_once() {
     let stats = alloc.stats();
     assert_eq!(stats.num_alloc_retries, 1);
     assert_eq!(stats.num_ooms, 0);
-    assert_eq!(stats.num_device_free, 2, "the cached 20 MiB and 2 MiB segments went back");
+    assert_eq!(
+        stats.num_device_free, 2,
+        "the cached 20 MiB and 2 MiB segments went back"
+    );
     assert_eq!(stats.num_device_alloc, 4);
     assert_eq!(stats.memory_reserved(), 60 * MIB);
     assert_eq!(device.counters().failed_allocs, 1);
-    drop((live, again));
+    alloc.free(live).unwrap();
+    alloc.free(again).unwrap();
     check_invariants(&alloc, &device);
 }
 
@@ -42,7 +46,7 @@ fn with_max_split_size_oversize_blocks_go_first_and_no_retry_is_counted() {
     let stats = alloc.stats();
     assert_eq!(stats.num_alloc_retries, 1);
     assert_eq!(stats.num_device_free, 2);
-    drop(x);
+    alloc.free(x).unwrap();
 
     // A cached 150 MiB oversize block and a live 20 MiB segment: 60 MiB does not fit next
     // to them, and freeing the one oversize block of at least 60 MiB is enough: no flush.
@@ -55,7 +59,8 @@ fn with_max_split_size_oversize_blocks_go_first_and_no_retry_is_counted() {
     assert_eq!(stats.num_alloc_retries, 0, "the oversize step was enough");
     assert_eq!(stats.num_device_free, 1);
     assert_eq!(stats.memory_reserved(), 80 * MIB);
-    drop((keep, b));
+    alloc.free(keep).unwrap();
+    alloc.free(b).unwrap();
     check_invariants(&alloc, &device);
 }
 
@@ -104,7 +109,10 @@ fn device_failures_are_retried_after_the_cache_is_freed() {
     let a = alloc.malloc(50 * MIB, S0).unwrap();
     let stats = alloc.stats();
     assert_eq!(stats.num_alloc_retries, 1);
-    assert_eq!(stats.num_device_free, 1, "the cached small segment was freed first");
+    assert_eq!(
+        stats.num_device_free, 1,
+        "the cached small segment was freed first"
+    );
     assert_eq!(a.size(), 50 * MIB);
     check_invariants(&alloc, &device);
 }
@@ -119,13 +127,22 @@ fn memory_fraction_limits_reserved_memory_like_a_device_oom() {
         AllocError::OutOfMemory { limit, .. } => assert_eq!(limit, Some(50 * MIB)),
         other => panic!("expected out-of-memory, got {other:?}"),
     }
-    assert_eq!(device.counters().failed_allocs, 0, "the device was never asked");
+    assert_eq!(
+        device.counters().failed_allocs,
+        0,
+        "the device was never asked"
+    );
     assert_eq!(alloc.stats().num_ooms, 1);
     // 8 MiB would take a 20 MiB segment: over the limit too. 10 MiB takes exactly 10 MiB.
     assert!(alloc.malloc(8 * MIB, S0).unwrap_err().is_out_of_memory());
     let b = alloc.malloc(10 * MIB, S0).unwrap();
-    assert_eq!(alloc.stats().memory_reserved(), 50 * MIB, "exactly at the limit");
-    drop((a, b));
+    assert_eq!(
+        alloc.stats().memory_reserved(),
+        50 * MIB,
+        "exactly at the limit"
+    );
+    alloc.free(a).unwrap();
+    alloc.free(b).unwrap();
     for bad in [0.0, -0.5, 1.5, f64::NAN] {
         assert!(alloc.set_memory_fraction(bad).is_err(), "fraction {bad}");
     }
@@ -149,11 +166,17 @@ fn garbage_collection_frees_the_oldest_unused_segments_first() {
     // Another miss with 72 MiB reserved: collect the oldest free segments until <= 50 MiB:
     // second (freed first, 14 MiB) then first (12 MiB) go; third (16 MiB) stays.
     let more = alloc.malloc(18 * MIB, S0).unwrap();
-    let segments: Vec<u64> = alloc.snapshot().segments.iter().map(|s| s.address).collect();
+    let segments: Vec<u64> = alloc
+        .snapshot()
+        .segments
+        .iter()
+        .map(|s| s.address)
+        .collect();
     assert!(!segments.contains(&a1) && !segments.contains(&a2));
     assert!(segments.contains(&a3));
     assert_eq!(alloc.stats().num_device_free, 2);
-    drop((big, more));
+    alloc.free(big).unwrap();
+    alloc.free(more).unwrap();
     check_invariants(&alloc, &device);
 }
 
@@ -168,7 +191,12 @@ fn empty_cache_keeps_segments_that_hold_a_live_block() {
     alloc.free(free_large).unwrap();
     let released = alloc.empty_cache().unwrap();
     assert_eq!(released, 2 * MIB + 30 * MIB);
-    let sizes: Vec<u64> = alloc.snapshot().segments.iter().map(|s| s.total_size).collect();
+    let sizes: Vec<u64> = alloc
+        .snapshot()
+        .segments
+        .iter()
+        .map(|s| s.total_size)
+        .collect();
     assert_eq!(sizes, vec![2 * MIB, 20 * MIB]);
     assert_eq!(alloc.stats().memory_reserved(), 22 * MIB);
     alloc.free(live_small).unwrap();

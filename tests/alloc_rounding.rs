@@ -28,8 +28,16 @@ fn sizes_round_to_512_and_route_to_their_pool() {
     for (request, block, pool, segment) in table {
         let rounded = round_size(request, &none);
         assert_eq!(rounded, block, "block size of a {request}-byte request");
-        assert_eq!(PoolKind::for_size(rounded), pool, "pool of a {request}-byte request");
-        assert_eq!(segment_size(rounded), segment, "segment for a {request}-byte request");
+        assert_eq!(
+            PoolKind::for_size(rounded),
+            pool,
+            "pool of a {request}-byte request"
+        );
+        assert_eq!(
+            segment_size(rounded),
+            segment,
+            "segment for a {request}-byte request"
+        );
     }
 }
 
@@ -44,7 +52,11 @@ fn power_of_two_divisions_round_to_the_next_step() {
     // 1200 B with 4 divisions would step by 256 B: below the 512-byte block granularity, so
     // the size is rounded to 512 B as without divisions (every offset stays 512-aligned).
     assert_eq!(round_size(1200, &four), 1536);
-    assert_eq!(round_size(2049, &four), 2560, "above 512 x 4 the division applies");
+    assert_eq!(
+        round_size(2049, &four),
+        2560,
+        "above 512 x 4 the division applies"
+    );
     let eight = RoundupDivisions::uniform(8);
     assert_eq!(round_size(9 * MIB, &eight), 9 * MIB);
     assert_eq!(round_size(9 * MIB + 1, &eight), 10 * MIB);
@@ -60,7 +72,19 @@ fn interval_divisions_apply_per_size_range() {
     assert_eq!(d.for_size(100 * KIB), 1);
     assert_eq!(d.for_size(3 * MIB), 4);
     assert_eq!(d.for_size(100 * MIB), 8);
-    assert_eq!(round_size(100 * KIB + 1, d), 100 * KIB + 512, "1 division: plain rounding");
-    assert_eq!(round_size(3 * MIB - 1, d), 3 * MIB, "steps of 512 KiB between 2 and 4 MiB");
-    assert_eq!(round_size(100 * MIB, d), 104 * MIB, "steps of 8 MiB between 64 and 128 MiB");
+    assert_eq!(
+        round_size(100 * KIB + 1, d),
+        100 * KIB + 512,
+        "1 division: plain rounding"
+    );
+    assert_eq!(
+        round_size(3 * MIB - 1, d),
+        3 * MIB,
+        "steps of 512 KiB between 2 and 4 MiB"
+    );
+    assert_eq!(
+        round_size(100 * MIB, d),
+        104 * MIB,
+        "steps of 8 MiB between 64 and 128 MiB"
+    );
 }

@@ -35,8 +35,14 @@ fn statistics_follow_a_scripted_scenario_step_by_step() {
     // 2. A large request: a 20 MiB segment, split into 3 MiB + 17 MiB.
     let b = alloc.malloc(3 * MIB, S0).unwrap();
     let s = alloc.stats();
-    assert_eq!(s.allocated_bytes.all, stat(3 * MIB + 1024, 3 * MIB + 1024, 3 * MIB + 1024, 0));
-    assert_eq!(s.reserved_bytes.large_pool, stat(20 * MIB, 20 * MIB, 20 * MIB, 0));
+    assert_eq!(
+        s.allocated_bytes.all,
+        stat(3 * MIB + 1024, 3 * MIB + 1024, 3 * MIB + 1024, 0)
+    );
+    assert_eq!(
+        s.reserved_bytes.large_pool,
+        stat(20 * MIB, 20 * MIB, 20 * MIB, 0)
+    );
     assert_eq!(s.inactive_split.all.current, 2);
     assert_eq!(s.inactive_split_bytes.large_pool.current, 17 * MIB);
     check_invariants(&alloc, &device);
@@ -44,11 +50,24 @@ fn statistics_follow_a_scripted_scenario_step_by_step() {
     // 3. Free the large block: it merges back, its segment is whole and free again.
     alloc.free(b).unwrap();
     let s = alloc.stats();
-    assert_eq!(s.allocated_bytes.all, stat(1024, 3 * MIB + 1024, 3 * MIB + 1024, 3 * MIB));
-    assert_eq!(s.allocated_bytes.large_pool, stat(0, 3 * MIB, 3 * MIB, 3 * MIB));
-    assert_eq!(s.inactive_split.large_pool.current, 0, "the segment is no longer split");
+    assert_eq!(
+        s.allocated_bytes.all,
+        stat(1024, 3 * MIB + 1024, 3 * MIB + 1024, 3 * MIB)
+    );
+    assert_eq!(
+        s.allocated_bytes.large_pool,
+        stat(0, 3 * MIB, 3 * MIB, 3 * MIB)
+    );
+    assert_eq!(
+        s.inactive_split.large_pool.current, 0,
+        "the segment is no longer split"
+    );
     assert_eq!(s.inactive_split_bytes.large_pool.current, 0);
-    assert_eq!(s.reserved_bytes.all.current, 22 * MIB, "freeing keeps the segment cached");
+    assert_eq!(
+        s.reserved_bytes.all.current,
+        22 * MIB,
+        "freeing keeps the segment cached"
+    );
     assert_eq!(s.memory_cached(), 22 * MIB - 1024);
     check_invariants(&alloc, &device);
 
@@ -61,7 +80,10 @@ fn statistics_follow_a_scripted_scenario_step_by_step() {
     // 5. empty_cache returns the free large segment, keeps the small one holding `a`.
     alloc.empty_cache().unwrap();
     let s = alloc.stats();
-    assert_eq!(s.reserved_bytes.all, stat(2 * MIB, 22 * MIB, 22 * MIB, 20 * MIB));
+    assert_eq!(
+        s.reserved_bytes.all,
+        stat(2 * MIB, 22 * MIB, 22 * MIB, 20 * MIB)
+    );
     assert_eq!(s.segment.large_pool, stat(0, 1, 1, 1));
     assert_eq!((s.num_device_alloc, s.num_device_free), (2, 1));
     check_invariants(&alloc, &device);
@@ -122,5 +144,8 @@ fn the_summary_table_shows_the_numbers() {
     assert!(summary.contains("3.00 MiB"), "{summary}");
     assert!(summary.contains("20.00 MiB"), "{summary}");
     assert!(summary.contains("Device allocations: 1"), "{summary}");
-    assert!(summary.lines().all(|l| l.chars().count() == 84), "{summary}");
+    assert!(
+        summary.lines().all(|l| l.chars().count() == 84),
+        "{summary}"
+    );
 }

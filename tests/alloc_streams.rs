@@ -28,11 +28,18 @@ fn a_block_recorded_on_a_second_stream_waits_for_its_event() {
     let a_address = a.address();
     alloc.record_stream(&a, S1).unwrap();
     alloc.free(a).unwrap();
-    assert_eq!(device.counters().events_recorded, 1, "one event on stream 1");
+    assert_eq!(
+        device.counters().events_recorded,
+        1,
+        "one event on stream 1"
+    );
     assert_eq!(layout(&alloc), vec![vec![(4096, P), (2 * MIB - 4096, F)]]);
     let stats = alloc.stats();
     assert_eq!(stats.allocated_bytes.all.current, 0, "no longer allocated");
-    assert_eq!(stats.active_bytes.all.current, 4096, "still active until the event");
+    assert_eq!(
+        stats.active_bytes.all.current, 4096,
+        "still active until the event"
+    );
 
     // While the event is pending the block is not reused.
     let b = alloc.malloc(4096, S0).unwrap();

@@ -24,6 +24,7 @@ static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
 pub struct Allocation<H> {
     allocator: u64,
     id: u64,
+    block: BlockId,
     address: u64,
     offset: u64,
     size: u64,
@@ -90,6 +91,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         Allocation {
             allocator: self.id,
             id: b.allocation_id,
+            block,
             address: segment.address + b.offset,
             offset: b.offset,
             size: b.size,
@@ -136,7 +138,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         if allocation.allocator != self.id {
             return Err(AllocError::InvalidFree { id: allocation.id });
         }
-        self.engine.lock().free(allocation.id)
+        self.engine.lock().free(allocation.id, allocation.block)
     }
 
     /// Notes that `allocation` is used on `stream` as well as its own.
@@ -148,7 +150,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         if allocation.allocator != self.id {
             return Err(AllocError::InvalidFree { id: allocation.id });
         }
-        self.engine.lock().record_stream(allocation.id, stream)
+        self.engine
+            .lock()
+            .record_stream(allocation.id, allocation.block, stream)
     }
 
     /// Returns every cached segment that holds no live block to the device; returns the bytes

@@ -96,9 +96,9 @@ impl RoundupDivisions {
             .ok_or_else(|| invalid("a number or a list like [256:1,512:2,>:8]"))?;
         let mut intervals: Vec<(u64, u64)> = Vec::new();
         for entry in list.split(',') {
-            let (bound, n) = entry
-                .split_once(':')
-                .ok_or_else(|| invalid("list entries of the form SIZE_MB:DIVISIONS or >:DIVISIONS"))?;
+            let (bound, n) = entry.split_once(':').ok_or_else(|| {
+                invalid("list entries of the form SIZE_MB:DIVISIONS or >:DIVISIONS")
+            })?;
             let upper = match bound.trim() {
                 ">" => u64::MAX,
                 mb => match mb.parse::<u64>() {
@@ -218,7 +218,9 @@ impl AllocatorConfig {
             "history_capacity" => {
                 self.history_capacity = parse_integer(key, value, 1, 1 << 32)? as usize;
             }
-            "expandable_segments" | "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" => {
+            "expandable_segments"
+            | "release_lock_on_cudamalloc"
+            | "pinned_use_cuda_host_register" => {
                 return Err(ConfigError::Unsupported {
                     key: key.into(),
                     reason: "this allocator has no such mode".into(),

@@ -15,8 +15,6 @@
 //!    (`num_alloc_retries` += 1);
 //! 7. if that fails, report out-of-memory (`num_ooms` += 1) with the numbers that explain it.
 
-use std::collections::HashMap;
-
 use super::block::{BlockId, BlockState, Blocks};
 use super::config::AllocatorConfig;
 use super::error::AllocError;
@@ -33,8 +31,6 @@ pub(crate) struct Engine<D: DeviceMemory> {
     pub blocks: Blocks<D::Handle>,
     pub small: FreeList,
     pub large: FreeList,
-    /// Live allocations by id.
-    pub live: HashMap<u64, BlockId>,
     pub pending: Vec<PendingFree<D::Event>>,
     pub stats: MemoryStats,
     pub history: Option<TraceRing>,
@@ -67,7 +63,6 @@ impl<D: DeviceMemory> Engine<D> {
             blocks: Blocks::default(),
             small: FreeList::default(),
             large: FreeList::default(),
-            live: HashMap::new(),
             pending: Vec::new(),
             stats,
             history,
@@ -185,12 +180,18 @@ impl<D: DeviceMemory> Engine<D> {
         }
     }
 
-    /// Frees a live allocation by id.
-    pub fn free(&mut self, id: u64) -> Result<(), AllocError> {
-        let block = self
-            .live
-            .remove(&id)
-            .ok_or(AllocError::InvalidFree { id })?;
+    /// The block of live allocation `id`, which was handed out as `block`; an error if that
+    /// block is gone, free, or now serves another allocation (ids are never reused).
+    fn live_block(&self, id: u64, block: BlockId) -> Result<BlockId, AllocError> {
+        match self.blocks.blocks.get(block) {
+            Some(b) if b.state == BlockState::ActiveAllocated && b.allocation_id == id => Ok(block),
+            _ => Err(AllocError::InvalidFree { id }),
+        }
+    }
+
+    /// Frees live allocation `id`, handed out as `block`.
+    pub fn free(&mut self, id: u64, block: BlockId) -> Result<(), AllocError> {
+        let block = self.live_block(id, block)?;
         let pool = self.blocks.pool(block);
         let max_split = self.max_split();
         let b = &self.blocks.blocks[block];
@@ -212,8 +213,13 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// Notes that a live allocation is used on `stream` too.
-    pub fn record_stream(&mut self, id: u64, stream: StreamId) -> Result<(), AllocError> {
-        let block = *self.live.get(&id).ok_or(AllocError::InvalidFree { id })?;
+    pub fn record_stream(
+        &mut self,
+        id: u64,
+        block: BlockId,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
+        let block = self.live_block(id, block)?;
         if self.blocks.stream(block) != stream {
             let uses = &mut self.blocks.blocks[block].stream_uses;
             if !uses.contains(&stream) {

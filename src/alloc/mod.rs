@@ -1,6 +1,26 @@
 //! The caching allocator engine: pools, best fit, splitting, coalescing, statistics,
 //! snapshots and traces. Pure Rust: it knows devices only through [`DeviceMemory`].
 //!
+//! ```
+//! use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
+//! use burn_caching_alloc::device::{StreamId, sim::SimDevice};
+//!
+//! let config = AllocatorConfig::parse("max_split_size_mb:128,garbage_collection_threshold:0.8")?;
+//! let alloc = CachingAllocator::new(SimDevice::new(16 << 30), config);
+//! let stream = StreamId::default();
+//!
+//! let a = alloc.malloc(1000, stream)?; // small pool: 1024 bytes of a 2 MiB segment
+//! let b = alloc.malloc(300 << 20, stream)?; // large pool: a 300 MiB segment of its own
+//! alloc.free(a)?; // merges back into the cached 2 MiB segment
+//! let stats = alloc.stats();
+//! assert_eq!(stats.memory_allocated(), 300 << 20);
+//! assert_eq!(stats.memory_reserved(), (300 << 20) + (2 << 20));
+//! alloc.free(b)?;
+//! alloc.empty_cache()?; // every cached segment goes back to the device
+//! assert_eq!(alloc.stats().memory_reserved(), 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! [`DeviceMemory`]: crate::device::DeviceMemory
 
 mod allocator;

@@ -20,7 +20,12 @@ use crate::device::{DeviceMemory, StreamId};
 
 impl<D: DeviceMemory> Engine<D> {
     /// The best cached block for a request, without taking it.
-    pub fn find_free_block(&self, pool: PoolKind, stream: StreamId, rounded: u64) -> Option<BlockId> {
+    pub fn find_free_block(
+        &self,
+        pool: PoolKind,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Option<BlockId> {
         let (block_size, block) = self.free_list_ref(pool).best_fit(stream, rounded)?;
         let max_split = self.max_split();
         if rounded < max_split && block_size >= max_split {
@@ -35,7 +40,12 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// Takes the best cached block for a request out of its free list.
-    pub fn take_free_block(&mut self, pool: PoolKind, stream: StreamId, rounded: u64) -> Option<BlockId> {
+    pub fn take_free_block(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Option<BlockId> {
         let block = self.find_free_block(pool, stream, rounded)?;
         self.unlist(block);
         Some(block)
@@ -50,7 +60,11 @@ impl<D: DeviceMemory> Engine<D> {
         );
         let size = self.blocks.blocks[block].size;
         let removed = self.free_list(pool).remove(stream, size, address);
-        debug_assert_eq!(removed, Some(block), "free block missing from its free list");
+        debug_assert_eq!(
+            removed,
+            Some(block),
+            "free block missing from its free list"
+        );
     }
 
     /// Puts a free block in its free list.
@@ -135,7 +149,6 @@ impl<D: DeviceMemory> Engine<D> {
         b.requested = requested;
         b.allocation_id = id;
         let size = b.size;
-        self.live.insert(id, block);
 
         let stats = &mut self.stats;
         stats.allocation.increase(pool, 1);
@@ -172,7 +185,10 @@ impl<D: DeviceMemory> Engine<D> {
         self.stats.active_bytes.decrease(pool, size);
 
         let mut before = (0, 0);
-        let neighbours = [self.blocks.blocks[block].prev, self.blocks.blocks[block].next];
+        let neighbours = [
+            self.blocks.blocks[block].prev,
+            self.blocks.blocks[block].next,
+        ];
         for neighbour in neighbours.into_iter().flatten() {
             if self.blocks.blocks[neighbour].state == BlockState::Inactive {
                 let share = self.inactive_split_share(neighbour);

@@ -102,8 +102,10 @@ impl StatArray {
 
     fn insert_into(&self, map: &mut BTreeMap<String, u64>, name: &str) {
         self.all.insert_into(map, &format!("{name}.all"));
-        self.small_pool.insert_into(map, &format!("{name}.small_pool"));
-        self.large_pool.insert_into(map, &format!("{name}.large_pool"));
+        self.small_pool
+            .insert_into(map, &format!("{name}.small_pool"));
+        self.large_pool
+            .insert_into(map, &format!("{name}.large_pool"));
     }
 }
 

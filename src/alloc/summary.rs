@@ -67,13 +67,33 @@ pub fn summary(stats: &MemoryStats) -> String {
     section(&mut out, "Active memory", &stats.active_bytes, true);
     section(&mut out, "Requested memory", &stats.requested_bytes, true);
     section(&mut out, "Reserved memory", &stats.reserved_bytes, true);
-    section(&mut out, "Non-releasable memory", &stats.inactive_split_bytes, true);
+    section(
+        &mut out,
+        "Non-releasable memory",
+        &stats.inactive_split_bytes,
+        true,
+    );
     section(&mut out, "Allocations", &stats.allocation, false);
     section(&mut out, "Active allocs", &stats.active, false);
     section(&mut out, "Reserved segments", &stats.segment, false);
-    section(&mut out, "Non-releasable allocs", &stats.inactive_split, false);
-    row(&mut out, "Oversize allocations", &stats.oversize_allocations, false);
-    row(&mut out, "Oversize segments", &stats.oversize_segments, false);
+    section(
+        &mut out,
+        "Non-releasable allocs",
+        &stats.inactive_split,
+        false,
+    );
+    row(
+        &mut out,
+        "Oversize allocations",
+        &stats.oversize_allocations,
+        false,
+    );
+    row(
+        &mut out,
+        "Oversize segments",
+        &stats.oversize_segments,
+        false,
+    );
     rule(&mut out, '=');
     out
 }

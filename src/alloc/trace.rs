@@ -25,16 +25,33 @@ pub enum TraceEvent {
         address: u64,
     },
     /// The owner freed allocation `id`.
-    FreeRequested { id: u64 },
+    FreeRequested {
+        id: u64,
+    },
     /// Allocation `id`'s block became reusable (at once, or once its events completed).
-    FreeCompleted { id: u64 },
+    FreeCompleted {
+        id: u64,
+    },
     /// Allocation `id` was used on `stream`.
-    RecordStream { id: u64, stream: u64 },
-    SegmentAlloc { address: u64, size: u64, stream: u64 },
-    SegmentFree { address: u64, size: u64 },
+    RecordStream {
+        id: u64,
+        stream: u64,
+    },
+    SegmentAlloc {
+        address: u64,
+        size: u64,
+        stream: u64,
+    },
+    SegmentFree {
+        address: u64,
+        size: u64,
+    },
     EmptyCache,
     /// A request of `size` bytes failed with out-of-memory.
-    Oom { size: u64, stream: u64 },
+    Oom {
+        size: u64,
+        stream: u64,
+    },
 }
 
 impl TraceEvent {

@@ -46,15 +46,25 @@ pub fn check_invariants(alloc: &CachingAllocator<SimDevice>, device: &SimDevice)
         .iter()
         .map(|s| (s.address, s.total_size))
         .collect();
-    assert_eq!(ours, device_segments, "device holds exactly the allocator's segments");
+    assert_eq!(
+        ours, device_segments,
+        "device holds exactly the allocator's segments"
+    );
 }
 
 fn check_tiling(snapshot: &Snapshot) {
     for segment in &snapshot.segments {
         let mut cursor = segment.address;
         for block in &segment.blocks {
-            assert_eq!(block.address, cursor, "blocks tile the segment without gaps");
-            assert!(block.size >= 512 && block.size % 512 == 0, "block size {}", block.size);
+            assert_eq!(
+                block.address, cursor,
+                "blocks tile the segment without gaps"
+            );
+            assert!(
+                block.size >= 512 && block.size % 512 == 0,
+                "block size {}",
+                block.size
+            );
             if block.state == BlockState::Inactive {
                 assert_eq!(block.requested_size, 0);
             } else {
@@ -62,7 +72,11 @@ fn check_tiling(snapshot: &Snapshot) {
             }
             cursor += block.size;
         }
-        assert_eq!(cursor, segment.address + segment.total_size, "blocks cover the segment");
+        assert_eq!(
+            cursor,
+            segment.address + segment.total_size,
+            "blocks cover the segment"
+        );
         if let Some(max) = snapshot.config.max_split_size
             && segment.total_size >= max
         {
@@ -72,7 +86,11 @@ fn check_tiling(snapshot: &Snapshot) {
             PoolKind::Small => segment.total_size == 2 * MIB,
             PoolKind::Large => segment.total_size > MIB,
         };
-        assert!(pool_ok, "segment size {} in pool {:?}", segment.total_size, segment.pool);
+        assert!(
+            pool_ok,
+            "segment size {} in pool {:?}",
+            segment.total_size, segment.pool
+        );
     }
 }
 
@@ -95,7 +113,11 @@ fn check_stats_match_recount(snapshot: &Snapshot, stats: &MemoryStats) {
             .iter()
             .filter(|s| pool.is_none_or(|p| s.pool == p))
             .collect();
-        let blocks = || segments.iter().flat_map(|s| s.blocks.iter().map(move |b| (s, b)));
+        let blocks = || {
+            segments
+                .iter()
+                .flat_map(|s| s.blocks.iter().map(move |b| (s, b)))
+        };
         let count = |f: &dyn Fn(BlockState, bool) -> bool| -> (u64, u64) {
             blocks()
                 .filter(|(s, b)| f(b.state, s.blocks.len() > 1))
@@ -114,18 +136,53 @@ fn check_stats_match_recount(snapshot: &Snapshot, stats: &MemoryStats) {
             .map(|(_, b)| b.requested_size)
             .sum();
         let reserved: u64 = segments.iter().map(|s| s.total_size).sum();
-        assert_eq!(pick(&stats.allocation), allocated.0, "allocation count {pool:?}");
-        assert_eq!(pick(&stats.allocated_bytes), allocated.1, "allocated bytes {pool:?}");
+        assert_eq!(
+            pick(&stats.allocation),
+            allocated.0,
+            "allocation count {pool:?}"
+        );
+        assert_eq!(
+            pick(&stats.allocated_bytes),
+            allocated.1,
+            "allocated bytes {pool:?}"
+        );
         assert_eq!(pick(&stats.active), active.0, "active count {pool:?}");
         assert_eq!(pick(&stats.active_bytes), active.1, "active bytes {pool:?}");
-        assert_eq!(pick(&stats.inactive_split), inactive_split.0, "inactive split {pool:?}");
-        assert_eq!(pick(&stats.inactive_split_bytes), inactive_split.1, "inactive split bytes {pool:?}");
-        assert_eq!(pick(&stats.requested_bytes), requested, "requested bytes {pool:?}");
-        assert_eq!(pick(&stats.segment), segments.len() as u64, "segments {pool:?}");
-        assert_eq!(pick(&stats.reserved_bytes), reserved, "reserved bytes {pool:?}");
+        assert_eq!(
+            pick(&stats.inactive_split),
+            inactive_split.0,
+            "inactive split {pool:?}"
+        );
+        assert_eq!(
+            pick(&stats.inactive_split_bytes),
+            inactive_split.1,
+            "inactive split bytes {pool:?}"
+        );
+        assert_eq!(
+            pick(&stats.requested_bytes),
+            requested,
+            "requested bytes {pool:?}"
+        );
+        assert_eq!(
+            pick(&stats.segment),
+            segments.len() as u64,
+            "segments {pool:?}"
+        );
+        assert_eq!(
+            pick(&stats.reserved_bytes),
+            reserved,
+            "reserved bytes {pool:?}"
+        );
     }
-    for array in [&stats.allocated_bytes, &stats.reserved_bytes, &stats.segment] {
+    for array in [
+        &stats.allocated_bytes,
+        &stats.reserved_bytes,
+        &stats.segment,
+    ] {
         assert!(array.all.peak >= array.all.current);
-        assert_eq!(array.all.current, array.small_pool.current + array.large_pool.current);
+        assert_eq!(
+            array.all.current,
+            array.small_pool.current + array.large_pool.current
+        );
     }
 }
