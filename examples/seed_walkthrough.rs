@@ -101,7 +101,23 @@ fn main() {
     }
 }
 
+#[cfg(feature = "cuda")]
 fn run_cuda() -> Result<(), AllocError> {
-    eprintln!("the CUDA device is not implemented yet; run with `--device sim`");
+    use burn_caching_alloc::device::cuda::{CudaMemory, cuda_available};
+    let device = cuda_available().and_then(|()| CudaMemory::new(0).map_err(|e| e.to_string()));
+    match device {
+        Ok(device) => walkthrough(device),
+        Err(why) => {
+            eprintln!("no CUDA device found ({why}); run with `--device sim` instead");
+            std::process::exit(2);
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda() -> Result<(), AllocError> {
+    eprintln!(
+        "built without the `cuda` feature; run with `--device sim` or rebuild with `--features cuda`"
+    );
     std::process::exit(2);
 }

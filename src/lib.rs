@@ -2,10 +2,15 @@
 //!
 //! Layers, each knowing only the one below:
 //! - [`alloc`]: the engine (pools, best fit, split, coalesce, statistics, snapshots, traces);
-//! - [`device`]: raw device memory behind the [`device::DeviceMemory`] trait.
+//! - [`device`]: raw device memory behind the [`device::DeviceMemory`] trait;
+//! - [`runtime`]: the CubeCL server over the engine, generic over a device driver;
+//! - `backend` (feature `runtime`): Burn aliases and the user API (`memory_stats`, ...).
 
 pub mod alloc;
+#[cfg(feature = "runtime")]
+pub mod backend;
 pub mod device;
+pub mod runtime;
 
-pub use alloc::{AllocError, AllocatorConfig, Allocation, CachingAllocator, MemoryStats};
+pub use alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator, MemoryStats};
 pub use device::{DeviceMemory, StreamId};

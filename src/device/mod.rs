@@ -1,7 +1,11 @@
 //! Raw device memory: the one trait the engine allocates segments through, and its
 //! implementations (a simulated device always; CUDA and wgpu behind their features).
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod sim;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 use serde::{Deserialize, Serialize};
 

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Builds, here, everything scripts/gpu-check.sh runs on the GPU machine (CUDA 13 and a driver,
+# but no Rust toolchain and no network), and packs it into the git-ignored gpu-bundle/ folder:
+#
+#   gpu-bundle/bundle.tar.xz   stripped test, example and benchmark binaries (xz-compressed)
+#   gpu-bundle/data/mnist/     the MNIST IDX files (already gzipped), when ../shared has them
+#   gpu-bundle/manifest.tsv    kind, name, path in the archive, bytes, sha256 of every binary
+#   gpu-bundle/BUILD-INFO      commit, toolchain, CUDA version, features, build time
+#
+# The device tool carries at most 64 MiB: this script fails if the folder is larger.
+# Binaries are built with the `gpu-bundle` profile (release, no debug info, stripped) into
+# target/gpu-bundle/, against CUDA 13.0's API (CUDARC_CUDA_VERSION=13000; override it to match
+# another machine). Missing pieces (an example not written yet) are skipped with a message.
+#
+# Usage: scripts/gpu-bundle.sh            (from anywhere in the repository)
+# Env:   CUDARC_CUDA_VERSION (default 13000), GPU_BUNDLE_FEATURES (default "cuda"),
+#        GPU_BUNDLE_MAX_MIB (default 64)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
+FEATURES=${GPU_BUNDLE_FEATURES:-cuda}
+MAX_MIB=${GPU_BUNDLE_MAX_MIB:-64}
+PROFILE=gpu-bundle
+BUNDLE="$ROOT/gpu-bundle"
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE/bin"
+START=$(date +%s)
+
+log() { printf '[gpu-bundle] %s\n' "$*" >&2; }
+
+# Test targets that need a GPU (each skips with a printed reason without one). Every test file
+# whose name mentions cuda is included, so later GPU tests join without editing this script.
+GPU_TESTS=()
+for file in tests/*cuda*.rs; do
+    [ -e "$file" ] || continue
+    name=$(basename "$file" .rs)
+    [ "$name" = conformance_cuda ] && continue # built below with its cfg
+    GPU_TESTS+=("$name")
+done
+# Examples run on the GPU machine, and benchmarks whose name mentions cuda or gpu.
+EXAMPLES=(mnist seed_walkthrough replay)
+BENCHES=()
+for file in benches/*cuda*.rs benches/*gpu*.rs; do
+    [ -e "$file" ] || continue
+    BENCHES+=("$(basename "$file" .rs)")
+done
+
+# Runs cargo with JSON messages; prints "name<TAB>executable" for each built test/bench/example.
+# Usage: executables SUBCOMMAND [ARGS...] (cargo's own options go before any `--`).
+executables() {
+    local subcommand=$1
+    shift
+    cargo "$subcommand" --profile "$PROFILE" --no-default-features --features "$FEATURES" \
+        --message-format=json-render-diagnostics "$@" |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if msg.get("reason") == "compiler-artifact" and msg.get("executable"):
+        print(msg["target"]["name"] + "\t" + msg["executable"])
+'
+}
+
+# Copies one built binary into the stage as bin/<kind>-<name> and records it.
+MANIFEST="$STAGE/manifest.tsv"
+printf 'kind\tname\tfile\tbytes\tsha256\n' >"$MANIFEST"
+add_binary() { # kind name path
+    local kind=$1 name=$2 path=$3 dest="bin/$1-$2"
+    [ -n "$path" ] || return 0
+    cp "$path" "$STAGE/$dest"
+    strip --strip-unneeded "$STAGE/$dest" 2>/dev/null || true
+    printf '%s\t%s\t%s\t%s\t%s\n' "$kind" "$name" "$dest" \
+        "$(stat -c %s "$STAGE/$dest")" "$(sha256sum "$STAGE/$dest" | cut -d' ' -f1)" >>"$MANIFEST"
+    log "added $dest ($(du -h "$STAGE/$dest" | cut -f1))"
+}
+
+# 1. Library unit tests and the GPU integration tests, in one cargo call.
+test_args=(test --no-run --lib)
+for name in "${GPU_TESTS[@]}"; do test_args+=(--test "$name"); done
+log "building tests: lib ${GPU_TESTS[*]} (features: $FEATURES, CUDA API $CUDARC_CUDA_VERSION)"
+out=$(executables "${test_args[@]}")
+while IFS=$'\t' read -r name exe; do
+    [ "$name" = burn_caching_alloc ] && name=lib
+    add_binary test "$name" "$exe"
+done <<<"$out"
+
+# 2. CubeCL's conformance suite, compiled in only with --cfg gpu_conformance (for this crate).
+if [ -e tests/conformance_cuda.rs ]; then
+    log "building the conformance suite (cfg gpu_conformance)"
+    if out=$(executables rustc --test conformance_cuda -- --cfg gpu_conformance); then
+        while IFS=$'\t' read -r name exe; do add_binary test "$name" "$exe"; done <<<"$out"
+    else
+        log "conformance_cuda did not build; skipped"
+    fi
+else
+    log "tests/conformance_cuda.rs is missing; skipped"
+fi
+
+# 3. Examples and GPU benchmarks; each one that does not exist or does not build is skipped.
+for name in "${EXAMPLES[@]}"; do
+    if [ ! -e "examples/$name.rs" ] && [ ! -e "examples/$name/main.rs" ]; then
+        log "example $name does not exist; skipped"
+        continue
+    fi
+    if out=$(executables build --example "$name"); then
+        while IFS=$'\t' read -r built exe; do add_binary example "$built" "$exe"; done <<<"$out"
+    else
+        log "example $name did not build with features '$FEATURES'; skipped"
+    fi
+done
+for name in "${BENCHES[@]}"; do
+    if out=$(executables build --bench "$name"); then
+        while IFS=$'\t' read -r built exe; do add_binary bench "$built" "$exe"; done <<<"$out"
+    else
+        log "bench $name did not build; skipped"
+    fi
+done
+
+# 4. Pack: binaries compressed together, data copied as is (already gzipped).
+rm -rf "$BUNDLE"
+mkdir -p "$BUNDLE"
+log "compressing $(du -sh "$STAGE/bin" | cut -f1) of binaries with xz"
+tar -C "$STAGE" -cf - bin manifest.tsv | xz -T0 -6 >"$BUNDLE/bundle.tar.xz"
+cp "$MANIFEST" "$BUNDLE/manifest.tsv"
+MNIST_SRC="$ROOT/../shared/data/mnist"
+if [ -d "$MNIST_SRC" ]; then
+    mkdir -p "$BUNDLE/data/mnist"
+    cp "$MNIST_SRC"/*.gz "$BUNDLE/data/mnist/"
+    [ -e "$MNIST_SRC/SHA256SUMS" ] && cp "$MNIST_SRC/SHA256SUMS" "$BUNDLE/data/mnist/"
+else
+    log "no MNIST data at $MNIST_SRC; the MNIST run will be skipped on the GPU machine"
+fi
+END=$(date +%s)
+{
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo none) $(git status --porcelain 2>/dev/null | grep -q . && echo '(uncommitted changes)')"
+    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) in $((END - START)) s"
+    echo "rustc: $(rustc --version)"
+    echo "profile: $PROFILE; features: $FEATURES; CUDARC_CUDA_VERSION=$CUDARC_CUDA_VERSION"
+} >"$BUNDLE/BUILD-INFO"
+
+BYTES=$(du -sb "$BUNDLE" | cut -f1)
+MIB=$(((BYTES + 1048575) / 1048576))
+log "bundle: $BUNDLE, $BYTES bytes (~$MIB MiB), built in $((END - START)) s"
+column -t -s $'\t' "$BUNDLE/manifest.tsv" >&2 || cat "$BUNDLE/manifest.tsv" >&2
+if [ "$MIB" -gt "$MAX_MIB" ]; then
+    log "ERROR: the bundle is over $MAX_MIB MiB; the device tool cannot carry it"
+    exit 1
+fi

@@ -1,0 +1,186 @@
+//! Burn backends and the user API.
+//!
+//! ```ignore
+//! use burn::backend::Autodiff;
+//! use burn_caching_alloc::backend::{self, CachingWgpu};
+//!
+//! type B = Autodiff<CachingWgpu>;
+//! let device = burn::backend::wgpu::WgpuDevice::Cpu;
+//! // ... train ...
+//! let stats = backend::memory_stats(&device);
+//! println!("{}", backend::memory_summary(&device));
+//! backend::empty_cache(&device);
+//! ```
+//!
+//! Every call reaches the allocator the device's server uses. Calls first wait until the
+//! server has run everything submitted before them, so the numbers include it.
+
+mod stats;
+
+pub use stats::CachingMemoryStats;
+
+use std::path::{Path, PathBuf};
+
+use cubecl_common::device::Device;
+use cubecl_runtime::client::ComputeClient;
+use cubecl_runtime::runtime::Runtime;
+
+use crate::alloc::{ConfigError, Snapshot};
+use crate::device::DeviceMemory;
+use crate::runtime::registry::{self, DeviceEntry};
+use crate::runtime::server::TRACE_ENV;
+
+#[cfg(feature = "wgpu")]
+pub use crate::runtime::wgpu::CachingWgpuRuntime;
+
+/// `Autodiff<CachingWgpu>` trains on wgpu with the caching allocator; the element types are
+/// burn-wgpu 0.21's (`f32`, `i32`, `u32`).
+#[cfg(feature = "wgpu")]
+pub type CachingWgpu<F = f32, I = i32, B = u32> =
+    burn::backend::wgpu::CubeBackend<CachingWgpuRuntime, F, I, B>;
+
+#[cfg(feature = "cuda")]
+pub use crate::runtime::cuda::CachingCudaRuntime;
+
+/// `Autodiff<CachingCuda>` trains on CUDA with the caching allocator; the element types are
+/// burn-cuda 0.21's (`f32`, `i32`, `u8`). The device is Burn's `burn::backend::cuda::CudaDevice`.
+#[cfg(feature = "cuda")]
+pub type CachingCuda<F = f32, I = i32, B = u8> =
+    burn_cubecl::CubeBackend<CachingCudaRuntime, F, I, B>;
+
+/// A device type the caching runtimes open.
+pub trait CachingDevice: Device {
+    /// The runtime whose servers run on this device type.
+    type Runtime: Runtime<Device = Self>;
+    /// The engine's device memory on this device type.
+    type Memory: DeviceMemory;
+}
+
+#[cfg(feature = "wgpu")]
+impl CachingDevice for cubecl_wgpu::WgpuDevice {
+    type Runtime = CachingWgpuRuntime;
+    type Memory = crate::device::wgpu::WgpuMemory;
+}
+
+#[cfg(feature = "cuda")]
+impl CachingDevice for cubecl_cuda::CudaDevice {
+    type Runtime = CachingCudaRuntime;
+    type Memory = crate::device::cuda::CudaMemory;
+}
+
+/// Opens `device` if needed, waits for the work submitted so far, and returns its entry.
+fn settled<Dev: CachingDevice>(
+    device: &Dev,
+) -> (ComputeClient<Dev::Runtime>, DeviceEntry<Dev::Memory>) {
+    let client = Dev::Runtime::client(device);
+    // A blocking round trip through the server: everything submitted before has run, and the
+    // CubeCL-layer numbers in the registry are fresh.
+    if let Err(err) = client.memory_usage() {
+        log::warn!("caching allocator: memory_usage failed: {err}");
+    }
+    let entry = registry::lookup::<Dev::Memory>(device.to_id()).unwrap_or_else(|| {
+        panic!(
+            "caching allocator: {device:?} was opened by a server that did not register its \
+             allocator"
+        )
+    });
+    (client, entry)
+}
+
+/// Statistics of `device` (PyTorch's `torch.cuda.memory_stats`, plus CubeCL's layer).
+pub fn memory_stats<Dev: CachingDevice>(device: &Dev) -> CachingMemoryStats {
+    let (_, entry) = settled(device);
+    let engine = entry.allocator.stats();
+    let info = entry.allocator.with_device(|d| d.memory_info());
+    let device_info = info.unwrap_or(crate::device::MemoryInfo { free: 0, total: 0 });
+    let cubecl = *entry.cubecl.lock();
+    CachingMemoryStats {
+        engine,
+        cubecl,
+        device: device_info,
+    }
+}
+
+/// A human-readable table of `device`'s memory (PyTorch's `memory_summary`), with a line for
+/// each layer's cache.
+pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
+    let stats = memory_stats(device);
+    let (_, entry) = settled(device);
+    let c = &stats.cubecl;
+    format!(
+        "{}\nCubeCL layer: {} live slices, {} B of live tensors, {} B cached in free slices \
+         (exact-size reuse), {} reclaims ({} skipped by the amortisation budget, {} after \
+         out-of-memory)\nEngine layer: {} B reserved in segments, {} B cached in free blocks\n",
+        entry.allocator.summary(),
+        c.live_slices,
+        c.live_bytes,
+        c.cached_bytes(),
+        c.reclaim.reclaims,
+        c.reclaim.skipped_reclaims,
+        c.reclaim.oom_reclaims,
+        stats.memory_reserved(),
+        stats.cached_in_engine(),
+    )
+}
+
+/// Every segment and block of `device`'s engine (PyTorch's `memory_snapshot`).
+pub fn memory_snapshot<Dev: CachingDevice>(device: &Dev) -> Snapshot {
+    settled(device).1.allocator.snapshot()
+}
+
+/// Returns every cached byte of both layers to the device: free CubeCL slices go back to the
+/// engine, then the engine frees every segment with no live block (PyTorch's `empty_cache`).
+/// Burn's `B::memory_cleanup(&device)` does the same.
+pub fn empty_cache<Dev: CachingDevice>(device: &Dev) {
+    let client = Dev::Runtime::client(device);
+    client.memory_cleanup();
+    settled(device);
+}
+
+/// Sets every peak statistic of `device` to its current value.
+pub fn reset_peak_memory_stats<Dev: CachingDevice>(device: &Dev) {
+    settled(device).1.allocator.reset_peak_stats();
+}
+
+/// Caps `device`'s reserved memory at `fraction` of its total: allocations that would go above
+/// fail like a device out-of-memory (after the allocator freed what it could).
+pub fn set_per_process_memory_fraction<Dev: CachingDevice>(
+    device: &Dev,
+    fraction: f64,
+) -> Result<(), ConfigError> {
+    settled(device).1.allocator.set_memory_fraction(fraction)
+}
+
+/// Why a trace could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("{TRACE_ENV} is not set: there is no trace path")]
+    NoPath,
+    #[error("cannot write the trace to {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot serialise the trace: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Writes `device`'s engine trace (JSON) to the path in `BURN_CACHING_ALLOC_TRACE` and returns
+/// that path. Setting the variable before the device opens turns history recording on; the
+/// trace is written only when this is called (the runtime never drops its servers).
+pub fn write_trace<Dev: CachingDevice>(device: &Dev) -> Result<PathBuf, TraceError> {
+    let path = std::env::var_os(TRACE_ENV).ok_or(TraceError::NoPath)?;
+    let path = PathBuf::from(path);
+    write_trace_to(device, &path)?;
+    Ok(path)
+}
+
+/// Writes `device`'s engine trace (JSON) to `path`.
+pub fn write_trace_to<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(), TraceError> {
+    let trace = settled(device).1.allocator.trace();
+    let json = serde_json::to_vec(&trace)?;
+    std::fs::write(path, json).map_err(|source| TraceError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}

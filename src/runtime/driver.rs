@@ -1,0 +1,144 @@
+//! The one trait a device API implements to run under [`CachingServer`](super::CachingServer).
+//!
+//! The server owns everything CubeCL-facing and everything about memory: per-stream
+//! `MemoryManagement`s over the engine, handle binding and resolution, the kernel cache, errors,
+//! profiling. A driver only does what needs the device API, on resources the server already
+//! resolved: compile a kernel, launch it on a stream with its buffers, copy bytes to and from a
+//! buffer, flush and synchronise a stream, and order one stream after another with an event.
+//!
+//! Ordering contract the server relies on (and a driver must keep):
+//! - work on one driver stream runs in the order it was issued (launches, writes, reads);
+//! - a `write` is ordered after every launch issued before it on the same stream;
+//! - memory is never reused across streams by the server without `wait_event` (the engine keeps
+//!   per-stream pools; cross-stream reuse goes through the engine's `record_stream`).
+
+use cubecl_common::bytes::Bytes;
+use cubecl_common::device::DeviceId;
+use cubecl_common::future::DynFut;
+use cubecl_common::profile::TimingMethod;
+use cubecl_ir::DeviceProperties;
+use cubecl_runtime::compiler::{Compiler, CubeTask};
+use cubecl_runtime::server::{ExecutionMode, KernelArguments, LaunchError, ServerError};
+
+use super::storage::EngineResource;
+use crate::device::{DeviceMemory, StreamId};
+
+/// A buffer as a kernel or a copy sees it: segment handle, offset and size.
+pub type Resource<D> = EngineResource<<<D as Driver>::Memory as DeviceMemory>::Handle>;
+
+/// How many cubes a launch dispatches, with an indirect count already resolved.
+pub enum LaunchCount<H> {
+    /// A known count of cubes in x, y, z.
+    Static(u32, u32, u32),
+    /// Read `[x, y, z]` (three `u32`) from this buffer on the device.
+    Dynamic(EngineResource<H>),
+}
+
+/// What the server passes to [`Driver::launch`].
+pub struct Launch<'a, D: Driver> {
+    /// The compiled kernel, from [`Driver::compile`].
+    pub kernel: &'a D::Kernel,
+    /// The cube count.
+    pub count: LaunchCount<<D::Memory as DeviceMemory>::Handle>,
+    /// The kernel's buffers in binding order, resolved to segment + offset + size.
+    pub buffers: Vec<Resource<D>>,
+    /// Scalars and metadata, packed as CubeCL packs them (`MetadataBindingInfo::data`).
+    pub info: &'a [u64],
+    /// Checked, validated or unchecked execution.
+    pub mode: ExecutionMode,
+}
+
+/// One device API (wgpu, CUDA) as the caching server needs it.
+pub trait Driver: Send + Sized + 'static {
+    /// The engine's device memory for this API: segments are this API's buffers.
+    type Memory: DeviceMemory;
+    /// The CubeCL compiler producing this API's kernels.
+    type Compiler: Compiler;
+    /// What `ComputeClient::info` reports (e.g. the wgpu backend).
+    type Info: core::fmt::Debug + Send + Sync;
+    /// Per-stream driver state (a CUDA stream, a command encoder, ...).
+    type Stream: Send;
+    /// A point in a stream's work that another stream can wait for.
+    type Event: Send;
+    /// A compiled, launchable kernel (a pipeline, a module + function).
+    type Kernel: Send + Sync;
+
+    /// Opens the device with this CubeCL id. Errors say why (no adapter, no driver library).
+    fn open(device: DeviceId) -> Result<Self, String>;
+
+    /// The device memory the engine allocates segments through (called once per server).
+    fn memory(&mut self) -> Self::Memory;
+
+    /// Device properties CubeCL and Burn plan kernels and layouts with.
+    fn properties(&self) -> DeviceProperties;
+
+    /// The runtime info returned to clients.
+    fn info(&self) -> Self::Info;
+
+    /// How profiling durations are measured. The server measures system time around a stream
+    /// synchronisation, so drivers report [`TimingMethod::System`] unless they add more.
+    fn timing_method(&self) -> TimingMethod {
+        TimingMethod::System
+    }
+
+    /// The largest buffer a kernel can bind (e.g. wgpu's max storage binding size). A request
+    /// above it is an error before anything is allocated.
+    fn max_binding_size(&self) -> Option<u64> {
+        None
+    }
+
+    /// Creates the driver state of a new CubeCL stream; `id` is the engine's name for it (the
+    /// stream the engine records its events on). A driver that cannot create one logs why and
+    /// falls back to a stream that is always valid (e.g. the device's default stream).
+    fn create_stream(&mut self, id: StreamId) -> Self::Stream;
+
+    /// Compiles `kernel` in `mode`; `args` tells the binding layout (buffers, metadata).
+    fn compile(
+        &mut self,
+        kernel: &dyn CubeTask<Self::Compiler>,
+        mode: ExecutionMode,
+        args: &KernelArguments,
+    ) -> Result<Self::Kernel, LaunchError>;
+
+    /// Issues a kernel launch on `stream`.
+    ///
+    /// # Safety
+    /// In [`ExecutionMode::Unchecked`] the kernel may access memory out of bounds.
+    unsafe fn launch(
+        &mut self,
+        stream: &mut Self::Stream,
+        launch: Launch<'_, Self>,
+    ) -> Result<(), ServerError>;
+
+    /// Copies `data` into `dst` on `stream`, after the work already issued there.
+    fn write(
+        &mut self,
+        stream: &mut Self::Stream,
+        dst: &Resource<Self>,
+        data: &[u8],
+    ) -> Result<(), ServerError>;
+
+    /// Copies each `(resource, bytes)` out of the device, after the work already issued on
+    /// `stream`. The future yields one `Bytes` of exactly `bytes` length per entry.
+    fn read(
+        &mut self,
+        stream: &mut Self::Stream,
+        sources: Vec<(Resource<Self>, usize)>,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>>;
+
+    /// Submits the work issued on `stream` so far.
+    fn flush(&mut self, stream: &mut Self::Stream) -> Result<(), ServerError>;
+
+    /// A future that completes when all the work issued on `stream` has completed.
+    fn sync(&mut self, stream: &mut Self::Stream) -> DynFut<Result<(), ServerError>>;
+
+    /// Records an event at the current point of `stream`.
+    fn record_event(&mut self, stream: &mut Self::Stream) -> Result<Self::Event, ServerError>;
+
+    /// Makes later work on `stream` wait for `event`.
+    fn wait_event(
+        &mut self,
+        stream: &mut Self::Stream,
+        event: Self::Event,
+    ) -> Result<(), ServerError>;
+}

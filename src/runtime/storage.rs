@@ -1,0 +1,236 @@
+//! `EngineStorage`: the caching engine seen through CubeCL's `ComputeStorage` trait.
+//!
+//! CubeCL's memory handles are opaque outside cubecl-runtime, so only CubeCL's own
+//! `MemoryManagement` can reserve, bind and resolve them. We therefore keep one
+//! `MemoryManagement` per stream, in persistent mode with no dynamic pools, and give it this
+//! storage: every slice it creates is one engine block.
+//!
+//! - `alloc(size)` is an engine `malloc` on the storage's stream, remembered under a fresh
+//!   `StorageId`;
+//! - `dealloc(id)` is an engine `free` of that block;
+//! - `get(handle)` is the block's segment handle plus the block's offset (plus the offset the
+//!   handle adds inside the slice).
+//!
+//! The storage can be told to serve from the engine's cache only ([`Growth::CacheOnly`]): then
+//! an `alloc` that would make the engine grow is refused, and the refusal is remembered so that
+//! the caller (the reclaim policy) can first hand CubeCL's free slices back to the engine.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cubecl_common::backtrace::BackTrace;
+use cubecl_ir::MemoryDeviceProperties;
+use cubecl_runtime::logging::ServerLogger;
+use cubecl_runtime::memory_management::{
+    MemoryAllocationMode, MemoryConfiguration, MemoryManagement, MemoryManagementOptions,
+};
+use cubecl_runtime::server::IoError;
+use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
+
+use crate::alloc::{AllocError, Allocation, CachingAllocator};
+use crate::device::{DeviceMemory, StreamId};
+
+/// Where a kernel finds a slice: the segment's device handle, and a byte range in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineResource<H> {
+    /// The device handle of the segment holding the block (a buffer, a device pointer).
+    pub segment: H,
+    /// Byte offset of the slice inside the segment.
+    pub offset: u64,
+    /// Size of the slice in bytes (what the handle covers, after its own offsets).
+    pub size: u64,
+}
+
+/// Whether an `alloc` may make the engine allocate a new segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Growth {
+    /// Any request goes to the engine's full `malloc` (cache, then device, then its OOM path).
+    Allowed,
+    /// Only a cached engine block may serve; otherwise the request is refused.
+    CacheOnly,
+}
+
+/// The caching engine as a CubeCL `ComputeStorage`, for one stream.
+pub struct EngineStorage<D: DeviceMemory> {
+    allocator: Arc<CachingAllocator<D>>,
+    stream: StreamId,
+    alignment: u64,
+    blocks: HashMap<StorageId, Allocation<D::Handle>>,
+    growth: Growth,
+    refused: bool,
+    last_error: Option<AllocError>,
+    live_bytes: u64,
+}
+
+impl<D: DeviceMemory> core::fmt::Debug for EngineStorage<D> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("EngineStorage")
+            .field("stream", &self.stream)
+            .field("blocks", &self.blocks.len())
+            .field("live_bytes", &self.live_bytes)
+            .finish()
+    }
+}
+
+impl<D: DeviceMemory> EngineStorage<D> {
+    /// A storage that allocates engine blocks on `stream`, with offsets aligned to `alignment`
+    /// (a power of two, at most the engine's 512-byte block granularity).
+    pub fn new(allocator: Arc<CachingAllocator<D>>, stream: StreamId, alignment: u64) -> Self {
+        Self {
+            allocator,
+            stream,
+            alignment: alignment.max(1),
+            blocks: HashMap::new(),
+            growth: Growth::Allowed,
+            refused: false,
+            last_error: None,
+            live_bytes: 0,
+        }
+    }
+
+    /// The engine behind this storage.
+    pub fn allocator(&self) -> &Arc<CachingAllocator<D>> {
+        &self.allocator
+    }
+
+    /// The engine stream this storage allocates on.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// Sets whether `alloc` may grow the engine.
+    pub fn set_growth(&mut self, growth: Growth) {
+        self.growth = growth;
+    }
+
+    /// Whether an `alloc` was refused (in [`Growth::CacheOnly`]) since the last call; clears it.
+    pub fn take_refused(&mut self) -> bool {
+        core::mem::take(&mut self.refused)
+    }
+
+    /// The engine error behind the last failed `alloc`, if any; clears it.
+    pub fn take_error(&mut self) -> Option<AllocError> {
+        self.last_error.take()
+    }
+
+    /// Number of engine blocks this storage holds (CubeCL's slices, live or free).
+    pub fn blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Bytes CubeCL asked for across the blocks held (before the engine's 512-byte rounding).
+    pub fn held_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+}
+
+impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
+    type Resource = EngineResource<D::Handle>;
+
+    fn alignment(&self) -> usize {
+        self.alignment as usize
+    }
+
+    fn get(&mut self, handle: &StorageHandle) -> Self::Resource {
+        // MemoryManagement only resolves handles of slices it holds, and every slice it holds
+        // was created by `alloc` and is removed only by `dealloc`: a miss is a broken invariant.
+        let block = self.blocks.get(&handle.id).unwrap_or_else(|| {
+            panic!(
+                "EngineStorage: {} is not a live block of {} (CubeCL resolved a slice it had \
+                 already deallocated)",
+                handle.id, self.stream
+            )
+        });
+        EngineResource {
+            segment: block.segment().clone(),
+            offset: block.offset() + handle.offset(),
+            size: handle.size(),
+        }
+    }
+
+    fn alloc(&mut self, size: u64) -> Result<StorageHandle, IoError> {
+        // CubeCL creates zero-sized handles (empty tensors); they still need a distinct
+        // binding, so they take the engine's smallest block.
+        let request = size.max(1);
+        let result = match self.growth {
+            Growth::Allowed => self.allocator.malloc(request, self.stream).map(Some),
+            Growth::CacheOnly => self.allocator.malloc_cached(request, self.stream),
+        };
+        match result {
+            Ok(Some(block)) => {
+                let id = StorageId::new();
+                self.live_bytes += size;
+                self.blocks.insert(id, block);
+                Ok(StorageHandle::new(
+                    id,
+                    StorageUtilization { offset: 0, size },
+                ))
+            }
+            Ok(None) => {
+                self.refused = true;
+                Err(IoError::Unknown {
+                    description: format!(
+                        "no cached block of the caching allocator fits {size} bytes on {} \
+                         (cache-only request)",
+                        self.stream
+                    ),
+                    backtrace: BackTrace::capture(),
+                })
+            }
+            Err(err) => {
+                let io = match &err {
+                    AllocError::TooLarge { .. } => IoError::BufferTooBig {
+                        size,
+                        backtrace: BackTrace::capture(),
+                    },
+                    other => IoError::Unknown {
+                        description: format!("caching allocator: {other}"),
+                        backtrace: BackTrace::capture(),
+                    },
+                };
+                self.last_error = Some(err);
+                Err(io)
+            }
+        }
+    }
+
+    fn dealloc(&mut self, id: StorageId) {
+        let Some(block) = self.blocks.remove(&id) else {
+            log::warn!("EngineStorage: dealloc of unknown {id} on {}", self.stream);
+            return;
+        };
+        self.live_bytes = self.live_bytes.saturating_sub(block.requested_size());
+        if let Err(err) = self.allocator.free(block) {
+            log::error!("EngineStorage: engine refused to free a block: {err}");
+        }
+    }
+
+    fn flush(&mut self) {}
+}
+
+/// The CubeCL memory manager users run, for one stream: CubeCL's persistent pool (exact-size
+/// reuse of freed slices) in front of the engine (PyTorch's placement for everything else).
+pub type PersistentManager<D> = MemoryManagement<EngineStorage<D>>;
+
+/// Builds the [`PersistentManager`] for `stream`: no dynamic pools
+/// (`MemoryConfiguration::Custom` with an empty list) and `MemoryAllocationMode::Persistent`,
+/// so every reservation goes to CubeCL's persistent pool and every new slice is one engine
+/// block. `properties.alignment` is the slice alignment; `max_page_size` bounds nothing in
+/// persistent mode but is kept for CubeCL's bookkeeping.
+pub fn persistent_manager<D: DeviceMemory>(
+    allocator: Arc<CachingAllocator<D>>,
+    stream: StreamId,
+    properties: &MemoryDeviceProperties,
+) -> PersistentManager<D> {
+    let storage = EngineStorage::new(allocator, stream, properties.alignment);
+    MemoryManagement::from_configuration(
+        storage,
+        properties,
+        MemoryConfiguration::Custom {
+            pool_options: vec![],
+        },
+        Arc::new(ServerLogger::default()),
+        MemoryManagementOptions::new(format!("caching allocator, {stream}"))
+            .mode(MemoryAllocationMode::Persistent),
+    )
+}

@@ -1,0 +1,66 @@
+//! `CachingWgpuRuntime`: the caching server over wgpu (Vulkan, Metal, DX12; lavapipe on a CPU).
+
+mod driver;
+mod setup;
+
+pub use driver::{WgpuDriver, WgpuKernel, WgpuStream};
+pub use setup::adapter_available;
+
+use cubecl_common::device::DeviceId;
+use cubecl_core::zspace::{Shape, Strides};
+use cubecl_ir::TargetProperties;
+use cubecl_runtime::client::ComputeClient;
+use cubecl_runtime::runtime::Runtime;
+use cubecl_wgpu::{WgpuDevice, WgpuRuntime, WgslCompiler};
+
+use super::CachingServer;
+
+/// A CubeCL runtime on wgpu whose device memory is the caching allocator. Devices are
+/// cubecl-wgpu's [`WgpuDevice`] (e.g. `WgpuDevice::Cpu` for lavapipe); the servers are our own,
+/// separate from stock `WgpuRuntime` servers on the same device.
+#[derive(Debug, Clone)]
+pub struct CachingWgpuRuntime;
+
+impl Runtime for CachingWgpuRuntime {
+    type Compiler = WgslCompiler;
+    type Server = CachingServer<WgpuDriver>;
+    type Device = WgpuDevice;
+
+    fn client(device: &WgpuDevice) -> ComputeClient<Self> {
+        ComputeClient::load(device)
+    }
+
+    fn name(_client: &ComputeClient<Self>) -> &'static str {
+        "caching-wgpu<wgsl>"
+    }
+
+    fn max_cube_count() -> (u32, u32, u32) {
+        let max = u16::MAX as u32;
+        (max, max, max)
+    }
+
+    fn can_read_tensor(shape: &Shape, strides: &Strides) -> bool {
+        let mut expected = 1usize;
+        for (dim, stride) in shape.iter().zip(strides.iter()).rev() {
+            if *dim > 1 && *stride != expected {
+                return false;
+            }
+            expected *= *dim;
+        }
+        true
+    }
+
+    fn target_properties() -> TargetProperties {
+        TargetProperties {
+            mma: Default::default(),
+        }
+    }
+
+    fn enumerate_devices(type_id: u16, info: &wgpu::Backend) -> Vec<DeviceId> {
+        WgpuRuntime::enumerate_devices(type_id, info)
+    }
+
+    fn enumerate_all_devices(info: &wgpu::Backend) -> Vec<DeviceId> {
+        WgpuRuntime::enumerate_all_devices(info)
+    }
+}
