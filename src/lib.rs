@@ -4,12 +4,15 @@
 //! - [`alloc`]: the engine (pools, best fit, split, coalesce, statistics, snapshots, traces);
 //! - [`device`]: raw device memory behind the [`device::DeviceMemory`] trait;
 //! - [`runtime`]: the CubeCL server over the engine, generic over a device driver;
-//! - `backend` (feature `runtime`): Burn aliases and the user API (`memory_stats`, ...).
+//! - `backend` (feature `runtime`): Burn aliases and the user API (`memory_stats`, ...);
+//! - [`replay`]: trace generators and replays through the engine and CubeCL's own pools, for
+//!   `examples/replay` and `benches/replay.rs`.
 
 pub mod alloc;
 #[cfg(feature = "runtime")]
 pub mod backend;
 pub mod device;
+pub mod replay;
 pub mod runtime;
 
 pub use alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator, MemoryStats};

@@ -1,0 +1,115 @@
+//! `caching-stack`: what this crate's CubeCL server runs for each stream, on the simulated
+//! device: CubeCL's persistent pool (exact-size reuse of freed slices) over the engine's
+//! `ComputeStorage` (`crate::runtime::storage::EngineStorage`), with the runtime's reclaim
+//! policy (`crate::runtime::reclaim::StreamMemory`: free slices go back to the engine before
+//! it would grow).
+//!
+//! A malloc is `reserve` then `bind` to a fresh client handle, a free drops the client handle,
+//! `empty_cache` reclaims every stream and empties the engine's cache. `record_stream` is a
+//! no-op here: the server records streams on engine blocks it resolves through CubeCL
+//! bindings, which a replay does not have.
+
+use std::sync::Arc;
+
+use cubecl_runtime::memory_management::ManagedMemoryHandle;
+
+use super::{ReplayAllocator, ReplayError, cuda_memory_properties};
+use crate::alloc::{AllocatorConfig, CachingAllocator};
+use crate::device::StreamId;
+use crate::device::sim::SimDevice;
+use crate::runtime::reclaim::StreamMemory;
+
+/// One stream's memory of the caching stack, built the way the server builds it.
+pub fn caching_stack_memory(
+    engine: Arc<CachingAllocator<SimDevice>>,
+    stream: StreamId,
+    capacity: u64,
+) -> StreamMemory<SimDevice> {
+    StreamMemory::new(engine, stream, &cuda_memory_properties(capacity))
+}
+
+/// The caching stack over a simulated device.
+pub struct CachingStackAllocator {
+    engine: Arc<CachingAllocator<SimDevice>>,
+    capacity: u64,
+    streams: Vec<(StreamId, StreamMemory<SimDevice>)>,
+    cursor: u64,
+}
+
+impl CachingStackAllocator {
+    pub fn new(device: SimDevice) -> Self {
+        Self::with_config(device, AllocatorConfig::default())
+    }
+
+    pub fn with_config(device: SimDevice, config: AllocatorConfig) -> Self {
+        let capacity = device.capacity();
+        Self {
+            engine: Arc::new(CachingAllocator::new(device, config)),
+            capacity,
+            streams: Vec::new(),
+            cursor: 0,
+        }
+    }
+
+    pub fn engine(&self) -> &CachingAllocator<SimDevice> {
+        &self.engine
+    }
+
+    fn stream(&mut self, stream: StreamId) -> &mut StreamMemory<SimDevice> {
+        let index = match self.streams.iter().position(|(s, _)| *s == stream) {
+            Some(index) => index,
+            None => {
+                let memory = caching_stack_memory(self.engine.clone(), stream, self.capacity);
+                self.streams.push((stream, memory));
+                self.streams.len() - 1
+            }
+        };
+        &mut self.streams[index].1
+    }
+}
+
+impl ReplayAllocator for CachingStackAllocator {
+    type Handle = ManagedMemoryHandle;
+
+    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Self::Handle, ReplayError> {
+        self.cursor += 1;
+        let cursor = self.cursor;
+        let memory = self.stream(stream);
+        let reserved = memory.reserve(size).map_err(|err| match &err.engine {
+            Some(engine) if engine.is_out_of_memory() => ReplayError::OutOfMemory(err.to_string()),
+            _ => ReplayError::Failed(format!("caching stack reserve of {size} bytes: {err}")),
+        })?;
+        let client = ManagedMemoryHandle::new();
+        memory
+            .manager()
+            .bind(reserved, client.clone(), cursor)
+            .map_err(|io| ReplayError::Failed(format!("CubeCL bind: {io}")))?;
+        Ok(client)
+    }
+
+    fn free(&mut self, handle: Self::Handle) -> Result<(), ReplayError> {
+        drop(handle);
+        Ok(())
+    }
+
+    fn record_stream(&mut self, _: &Self::Handle, _: StreamId) -> Result<(), ReplayError> {
+        Ok(())
+    }
+
+    fn empty_cache(&mut self) -> Result<(), ReplayError> {
+        for (_, memory) in &mut self.streams {
+            memory.reclaim();
+        }
+        self.engine
+            .empty_cache()
+            .map(|_| ())
+            .map_err(|err| ReplayError::Failed(err.to_string()))
+    }
+
+    fn live_bytes(&self) -> u64 {
+        self.streams
+            .iter()
+            .map(|(_, m)| m.usage().bytes_in_use)
+            .sum()
+    }
+}
