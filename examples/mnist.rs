@@ -1,0 +1,275 @@
+//! MNIST on the caching allocator: the crate's main job.
+//!
+//! ```text
+//! cargo run --release --example mnist                        # auto: caching-cuda, else caching-wgpu
+//! cargo run --release --example mnist -- --compare --epochs 2
+//! cargo run --release --features wgpu --example mnist -- --backend wgpu --limit 6000
+//! ```
+//!
+//! Data: the four MNIST IDX files (plain or `.gz`) in `--data-dir`, by
+//! default `../shared/data/mnist` beside the crate when that folder exists.
+//! Burn's `MnistDataset` downloader needs burn's `vision` feature, which this
+//! crate does not enable, so without the files the example stops and says
+//! where to get them.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use burn_caching_alloc::mnist::backend_choice::{cuda_device_present, unavailable_reason};
+use burn_caching_alloc::mnist::dataset::{MnistSet, Split, default_data_dir};
+use burn_caching_alloc::mnist::progress::EpochProgress;
+use burn_caching_alloc::mnist::timeline::{TimelineRun, write_timeline_svg};
+use burn_caching_alloc::mnist::{
+    BackendChoice, ModelKind, RunOutcome, TrainConfig, TrainReport, train_on,
+};
+use clap::{Parser, ValueEnum};
+
+/// Train a Burn model on MNIST and report what the allocator did.
+#[derive(Debug, Parser)]
+#[command(name = "mnist", version)]
+struct Args {
+    /// auto | caching-cuda | cuda | caching-wgpu | wgpu (cuda and wgpu are Burn's stock backends).
+    #[arg(long, default_value = "auto")]
+    backend: BackendChoice,
+    /// Classifier to train.
+    #[arg(long, value_enum, default_value_t = ModelArg::Mlp)]
+    model: ModelArg,
+    /// Passes over the training set.
+    #[arg(long, default_value_t = 1)]
+    epochs: usize,
+    /// Images per training step.
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    /// Adam learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Seed for weight initialisation and batch order.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Train on the first N training images only.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Evaluate on the first N test images only.
+    #[arg(long)]
+    test_limit: Option<usize>,
+    /// Folder with the four MNIST IDX files (plain or .gz).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Write the JSON report here (with --compare: a JSON array of both reports).
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Draw allocated/reserved bytes over training steps into this SVG.
+    #[arg(long)]
+    timeline: Option<PathBuf>,
+    /// Train on the stock backend, then on the caching one (same seed and
+    /// batches), and print both side by side.
+    #[arg(long)]
+    compare: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ModelArg {
+    Mlp,
+    Cnn,
+}
+
+impl From<ModelArg> for ModelKind {
+    fn from(m: ModelArg) -> Self {
+        match m {
+            ModelArg::Mlp => ModelKind::Mlp,
+            ModelArg::Cnn => ModelKind::Cnn,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let cuda_present = cuda_device_present();
+    let choices = if args.compare {
+        let resolved = args.backend.resolve(cuda_present);
+        vec![resolved.stock_counterpart(), resolved.caching_counterpart()]
+    } else {
+        vec![args.backend.resolve(cuda_present)]
+    };
+    // Refuse a backend that cannot run here before loading anything.
+    if let Some(reason) = choices.iter().find_map(|&c| unavailable_reason(c)) {
+        return Err(reason);
+    }
+    let data_dir = data_dir(args.data_dir.as_deref())?;
+    let train = MnistSet::load(&data_dir, Split::Train, args.limit).map_err(|e| e.to_string())?;
+    let test =
+        MnistSet::load(&data_dir, Split::Test, args.test_limit).map_err(|e| e.to_string())?;
+    let config = TrainConfig {
+        model: args.model.into(),
+        epochs: args.epochs,
+        batch_size: args.batch_size,
+        learning_rate: args.lr,
+        seed: args.seed,
+        ..TrainConfig::default()
+    };
+    println!(
+        "MNIST {}: {} training / {} test images from {}, {} epoch(s), batch {}, lr {}, seed {}",
+        config.model,
+        train.len(),
+        test.len(),
+        data_dir.display(),
+        config.epochs,
+        config.batch_size,
+        config.learning_rate,
+        config.seed
+    );
+
+    let mut outcomes = Vec::new();
+    for choice in choices {
+        let mut progress = EpochProgress::new(choice.name());
+        let outcome =
+            train_on(choice, &train, &test, &config, &mut progress).map_err(|e| e.to_string())?;
+        print_memory(&outcome);
+        outcomes.push(outcome);
+    }
+    if outcomes.len() == 2 {
+        print_comparison(&outcomes[0].report, &outcomes[1].report);
+    }
+
+    if let Some(path) = &args.report {
+        let reports: Vec<&TrainReport> = outcomes.iter().map(|o| &o.report).collect();
+        let json = if let [single] = reports.as_slice() {
+            serde_json::to_string_pretty(single)
+        } else {
+            serde_json::to_string_pretty(&reports)
+        }
+        .map_err(|e| format!("cannot encode the report: {e}"))?;
+        std::fs::write(path, json + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("report written to {}", path.display());
+    }
+    if let Some(path) = &args.timeline {
+        let runs: Vec<TimelineRun<'_>> = outcomes
+            .iter()
+            .map(|o| TimelineRun {
+                name: &o.report.backend,
+                points: &o.report.timeline,
+            })
+            .collect();
+        write_timeline_svg(path, &runs).map_err(|e| e.to_string())?;
+        println!("timeline written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// `--data-dir`, else `../shared/data/mnist` beside the crate, else an error
+/// that says how to get the files.
+fn data_dir(given: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(dir) = given {
+        return if dir.is_dir() {
+            Ok(dir.to_path_buf())
+        } else {
+            Err(format!("--data-dir {} is not a folder", dir.display()))
+        };
+    }
+    default_data_dir(Path::new(env!("CARGO_MANIFEST_DIR"))).ok_or_else(|| {
+        "no MNIST data: pass --data-dir DIR with train-images-idx3-ubyte, train-labels-idx1-ubyte, \
+         t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (plain or .gz; e.g. from \
+         https://storage.googleapis.com/cvdf-datasets/mnist/). Burn's MnistDataset download needs \
+         burn's `vision` feature, which this crate does not enable."
+            .to_string()
+    })
+}
+
+fn print_memory(outcome: &RunOutcome) {
+    let report = &outcome.report;
+    let m = &report.memory;
+    println!("{} memory:", report.backend);
+    match (m.peak_allocated, m.peak_reserved) {
+        (Some(a), Some(r)) => println!("  peak allocated {}, peak reserved {}", mib(a), mib(r)),
+        _ => println!("  peaks: not reported (CubeCL's default pool keeps no peaks)"),
+    }
+    if let (Some(alloc), Some(free), Some(retries), Some(ooms)) = (
+        m.num_device_alloc,
+        m.num_device_free,
+        m.num_alloc_retries,
+        m.num_ooms,
+    ) {
+        println!(
+            "  device allocations {alloc}, device frees {free}, alloc retries {retries}, OOMs {ooms}"
+        );
+    }
+    if let Some(max) = report.timeline.iter().map(|p| p.reserved).max() {
+        println!("  reserved after steps: max {}", mib(max));
+    }
+    if let Some(summary) = &outcome.summary {
+        println!("{summary}");
+    }
+}
+
+fn print_comparison(stock: &TrainReport, caching: &TrainReport) {
+    let w = 26;
+    println!();
+    println!("{:<w$} {:>16} {:>16}", "", stock.backend, caching.backend);
+    for (s, c) in stock.epochs.iter().zip(&caching.epochs) {
+        println!(
+            "{:<w$} {:>16} {:>16}",
+            format!("epoch {} seconds", s.epoch),
+            format!("{:.2}", s.seconds),
+            format!("{:.2}", c.seconds)
+        );
+        println!(
+            "{:<w$} {:>16} {:>16}",
+            format!("epoch {} test accuracy", s.epoch),
+            format!("{:.2}%", s.accuracy * 100.0),
+            format!("{:.2}%", c.accuracy * 100.0)
+        );
+        println!(
+            "{:<w$} {:>16} {:>16}",
+            format!("epoch {} loss", s.epoch),
+            format!("{:.4}", s.loss),
+            format!("{:.4}", c.loss)
+        );
+    }
+    let opt = |v: Option<u64>, f: fn(u64) -> String| v.map(f).unwrap_or_else(|| "n/a".into());
+    let count = |v: u64| v.to_string();
+    let rows: [(&str, String, String); 5] = [
+        (
+            "peak reserved",
+            opt(stock.memory.peak_reserved, mib),
+            opt(caching.memory.peak_reserved, mib),
+        ),
+        (
+            "peak allocated",
+            opt(stock.memory.peak_allocated, mib),
+            opt(caching.memory.peak_allocated, mib),
+        ),
+        (
+            "device allocations",
+            opt(stock.memory.num_device_alloc, count),
+            opt(caching.memory.num_device_alloc, count),
+        ),
+        (
+            "device frees",
+            opt(stock.memory.num_device_free, count),
+            opt(caching.memory.num_device_free, count),
+        ),
+        (
+            "max reserved after a step",
+            opt(stock.timeline.iter().map(|p| p.reserved).max(), mib),
+            opt(caching.timeline.iter().map(|p| p.reserved).max(), mib),
+        ),
+    ];
+    for (name, s, c) in rows {
+        println!("{name:<w$} {s:>16} {c:>16}");
+    }
+    println!("(n/a: CubeCL's default pool keeps no such counter)");
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
