@@ -3,154 +3,27 @@
 //! `empty_cache` runs, no memory is reserved.
 #![cfg(feature = "wgpu")]
 
+#[path = "support/lavapipe.rs"]
+mod lavapipe;
+
+#[path = "support/mlp_check.rs"]
+mod mlp_check;
+
+use lavapipe::cpu_device;
+
 use burn::backend::Autodiff;
-use burn::backend::wgpu::WgpuDevice;
-use burn::module::Module;
-use burn::nn::{Linear, LinearConfig, Relu};
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
-use burn_caching_alloc::backend::{self, CachingWgpu};
-use burn_caching_alloc::runtime::wgpu::adapter_available;
-
-type B = Autodiff<CachingWgpu>;
-
-const INPUTS: usize = 16;
-const HIDDEN: usize = 128;
-const BATCH: usize = 256;
-const STEPS: usize = 200;
-/// Steps after which reserved memory must not grow any more.
-const WARMUP: usize = 5;
-
-/// The lavapipe device, or `None` (with the reason printed) when there is no CPU adapter.
-/// Under `CI=true` a missing adapter fails the test instead.
-fn cpu_device() -> Option<WgpuDevice> {
-    let device = WgpuDevice::Cpu;
-    if adapter_available(&device) {
-        return Some(device);
-    }
-    let reason = "no wgpu CPU adapter (install mesa-vulkan-drivers for lavapipe)";
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{reason}; CI=true makes this a failure");
-    }
-    eprintln!("skipping: {reason}");
-    None
-}
-
-#[derive(Module, Debug)]
-struct Mlp<B: Backend> {
-    input: Linear<B>,
-    hidden: Linear<B>,
-    output: Linear<B>,
-    activation: Relu,
-}
-
-impl<B: Backend> Mlp<B> {
-    fn new(device: &B::Device) -> Self {
-        Self {
-            input: LinearConfig::new(INPUTS, HIDDEN).init(device),
-            hidden: LinearConfig::new(HIDDEN, HIDDEN).init(device),
-            output: LinearConfig::new(HIDDEN, 1).init(device),
-            activation: Relu::new(),
-        }
-    }
-
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let x = self.activation.forward(self.input.forward(x));
-        let x = self.activation.forward(self.hidden.forward(x));
-        self.output.forward(x)
-    }
-}
-
-/// Deterministic pseudo-random numbers in [-1, 1) (no backend RNG, so data never varies).
-fn lcg(seed: u64, n: usize) -> Vec<f32> {
-    let mut state = seed;
-    (0..n)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-/// Inputs and the targets of a fixed nonlinear teacher: y = sin(x . w) + 0.5 * x0 * x1.
-fn dataset() -> (Vec<f32>, Vec<f32>) {
-    let x = lcg(1, BATCH * INPUTS);
-    let w = lcg(2, INPUTS);
-    let y = x
-        .chunks(INPUTS)
-        .map(|row| {
-            let dot: f32 = row.iter().zip(&w).map(|(a, b)| a * b).sum();
-            dot.sin() + 0.5 * row[0] * row[1]
-        })
-        .collect();
-    (x, y)
-}
-
-fn reserved(device: &WgpuDevice) -> u64 {
-    backend::memory_stats(device).memory_reserved()
-}
+use burn_caching_alloc::backend::CachingWgpu;
+use mlp_check::{MlpShape, train_and_check};
 
 #[test]
 fn mlp_trains_and_memory_settles() {
     let Some(device) = cpu_device() else {
         return;
     };
-    B::seed(&device, 42);
-    let (x, y) = dataset();
-
-    let mut reserved_per_step = Vec::with_capacity(STEPS);
-    let (first_loss, last_loss) = {
-        let inputs = Tensor::<B, 2>::from_data(TensorData::new(x, [BATCH, INPUTS]), &device);
-        let targets = Tensor::<B, 2>::from_data(TensorData::new(y, [BATCH, 1]), &device);
-        let mut model = Mlp::<B>::new(&device);
-        let mut optim = AdamConfig::new().init();
-        let mut losses = Vec::with_capacity(STEPS);
-        for _ in 0..STEPS {
-            let prediction = model.forward(inputs.clone());
-            let loss = (prediction - targets.clone()).powi_scalar(2).mean();
-            let value: f32 = loss.clone().into_data().to_vec::<f32>().expect("f32 loss")[0];
-            losses.push(value);
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(1e-2, model, grads);
-            reserved_per_step.push(reserved(&device));
-        }
-        let stats = backend::memory_stats(&device);
-        assert!(stats.memory_allocated() > 0, "the model is live");
-        println!("{}", backend::memory_summary(&device));
-        (losses[0], losses[STEPS - 1])
+    let shape = MlpShape {
+        hidden: 128,
+        batch: 256,
+        steps: 200,
     };
-
-    println!(
-        "loss {first_loss:.5} -> {last_loss:.5}; reserved after step 1: {} B, after step \
-         {WARMUP}: {} B, after step {STEPS}: {} B",
-        reserved_per_step[0],
-        reserved_per_step[WARMUP - 1],
-        reserved_per_step[STEPS - 1]
-    );
-    // The loss falls by at least a factor of 10.
-    assert!(
-        last_loss < first_loss / 10.0,
-        "loss {first_loss} -> {last_loss}"
-    );
-    // Reserved memory does not grow after the first steps.
-    let settled = reserved_per_step[WARMUP - 1];
-    for (step, bytes) in reserved_per_step.iter().enumerate().skip(WARMUP) {
-        assert_eq!(*bytes, settled, "reserved grew at step {}", step + 1);
-    }
-
-    // Model, optimizer state, data and graph are dropped: nothing is live; empty_cache hands
-    // every cached byte of both layers back to the device.
-    backend::empty_cache(&device);
-    let stats = backend::memory_stats(&device);
-    assert_eq!(stats.memory_allocated(), 0, "{:?}", stats.cubecl);
-    assert_eq!(
-        stats.memory_reserved(),
-        0,
-        "{}",
-        backend::memory_summary(&device)
-    );
-    assert_eq!(stats.cached_in_cubecl(), 0);
+    train_and_check::<Autodiff<CachingWgpu>>(&device, shape);
 }

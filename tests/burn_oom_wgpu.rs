@@ -4,28 +4,16 @@
 //! its cache; the server then keeps computing correctly.
 #![cfg(feature = "wgpu")]
 
-use burn::backend::wgpu::WgpuDevice;
+#[path = "support/lavapipe.rs"]
+mod lavapipe;
+
+use lavapipe::cpu_device;
+
 use burn::tensor::{Tensor, TensorData};
 use burn_caching_alloc::alloc::{MIB, format_bytes};
 use burn_caching_alloc::backend::{self, CachingWgpu};
-use burn_caching_alloc::runtime::wgpu::adapter_available;
 
 type B = CachingWgpu;
-
-/// The lavapipe device, or `None` (with the reason printed) when there is no CPU adapter.
-/// Under `CI=true` a missing adapter fails the test instead.
-fn cpu_device() -> Option<WgpuDevice> {
-    let device = WgpuDevice::Cpu;
-    if adapter_available(&device) {
-        return Some(device);
-    }
-    let reason = "no wgpu CPU adapter (install mesa-vulkan-drivers for lavapipe)";
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{reason}; CI=true makes this a failure");
-    }
-    eprintln!("skipping: {reason}");
-    None
-}
 
 #[test]
 fn out_of_memory_reaches_burn_with_the_allocators_numbers_and_the_server_recovers() {
