@@ -282,7 +282,8 @@ fn add_counters(a: ReclaimCounters, b: ReclaimCounters) -> ReclaimCounters {
     }
 }
 
-fn is_contiguous(shape: &Shape, strides: &Strides) -> bool {
+/// Whether a tensor is laid out row-major without gaps: the only layout the server copies.
+pub(crate) fn is_contiguous(shape: &Shape, strides: &Strides) -> bool {
     let mut expected = 1usize;
     for (dim, stride) in shape.iter().zip(strides.iter()).rev() {
         if *dim > 1 && *stride != expected {

@@ -22,6 +22,7 @@ use cubecl_runtime::client::ComputeClient;
 use cubecl_runtime::runtime::Runtime;
 
 use super::CachingServer;
+use super::server::is_contiguous;
 use crate::device::cuda::cuda_available;
 
 /// A CubeCL runtime on CUDA whose device memory is the caching allocator.
@@ -51,14 +52,7 @@ impl Runtime for CachingCudaRuntime {
 
     fn can_read_tensor(shape: &Shape, strides: &Strides) -> bool {
         // The server copies contiguous tensors only.
-        let mut expected = 1usize;
-        for (dim, stride) in shape.iter().zip(strides.iter()).rev() {
-            if *dim > 1 && *stride != expected {
-                return false;
-            }
-            expected *= *dim;
-        }
-        true
+        is_contiguous(shape, strides)
     }
 
     fn target_properties() -> TargetProperties {

@@ -14,6 +14,7 @@ use cubecl_runtime::runtime::Runtime;
 use cubecl_wgpu::{WgpuDevice, WgpuRuntime, WgslCompiler};
 
 use super::CachingServer;
+use super::server::is_contiguous;
 
 /// A CubeCL runtime on wgpu whose device memory is the caching allocator. Devices are
 /// cubecl-wgpu's [`WgpuDevice`] (e.g. `WgpuDevice::Cpu` for lavapipe); the servers are our own,
@@ -40,14 +41,8 @@ impl Runtime for CachingWgpuRuntime {
     }
 
     fn can_read_tensor(shape: &Shape, strides: &Strides) -> bool {
-        let mut expected = 1usize;
-        for (dim, stride) in shape.iter().zip(strides.iter()).rev() {
-            if *dim > 1 && *stride != expected {
-                return false;
-            }
-            expected *= *dim;
-        }
-        true
+        // The server copies contiguous tensors only.
+        is_contiguous(shape, strides)
     }
 
     fn target_properties() -> TargetProperties {
