@@ -115,15 +115,19 @@ fn the_fixed_shape_loops_repeat_the_same_step() {
     assert_eq!(three[three.len() - step..], two[two.len() - step..]);
 }
 
-#[test]
-fn malformed_traces_are_rejected() {
-    let malloc = |id, size| TraceEvent::Malloc {
+/// A malloc input as the generators write it (no outcome fields).
+fn malloc(id: u64, size: u64) -> TraceEvent {
+    TraceEvent::Malloc {
         id,
         size,
         stream: 0,
         block_size: 0,
         address: 0,
-    };
+    }
+}
+
+#[test]
+fn malformed_traces_are_rejected() {
     let trace = |events| Trace { events, dropped: 0 };
     assert_eq!(
         Program::compile(&trace(vec![
@@ -189,13 +193,6 @@ fn every_allocator_replays_every_builtin_trace() {
 
 #[test]
 fn engine_frees_segments_on_empty_cache_in_a_trace() {
-    let malloc = |id, size| TraceEvent::Malloc {
-        id,
-        size,
-        stream: 0,
-        block_size: 0,
-        address: 0,
-    };
     let trace = Trace {
         events: vec![
             malloc(1, 3 << 20),

@@ -127,8 +127,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             return false;
         }
         let engine = self.engine.lock();
-        let rounded = super::size::round_size(size, &engine.config.roundup_power2_divisions);
-        let pool = super::size::PoolKind::for_size(rounded);
+        let (rounded, pool) = engine.block_for(size);
         engine.find_free_block(pool, stream, rounded).is_some()
     }
 

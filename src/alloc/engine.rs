@@ -123,6 +123,12 @@ impl<D: DeviceMemory> Engine<D> {
         Some((fraction * total as f64) as u64)
     }
 
+    /// The block size and pool a request of `size` bytes (> 0) takes.
+    pub fn block_for(&self, size: u64) -> (u64, PoolKind) {
+        let rounded = round_size(size, &self.config.roundup_power2_divisions);
+        (rounded, PoolKind::for_size(rounded))
+    }
+
     /// Serves a request; `Ok(None)` only with [`Growth::CacheOnly`] on a miss.
     pub fn malloc(
         &mut self,
@@ -139,13 +145,12 @@ impl<D: DeviceMemory> Engine<D> {
             requested: size,
             max,
         };
-        let rounded = round_size(size, &self.config.roundup_power2_divisions);
+        let (rounded, pool) = self.block_for(size);
         if let Some(total) = total
             && rounded > total
         {
             return Err(too_large(total));
         }
-        let pool = PoolKind::for_size(rounded);
         let mut new_segment = segment_size(rounded);
         if let Some(max) = self.device.max_segment_size()
             && new_segment > max
