@@ -2,9 +2,10 @@
 //! (criterion). Throughput is in operations, so criterion reports time per operation.
 //! Kept quick: 10 samples per replay, 1 s warm-up, 3 s of measurement.
 //!
-//! `cargo bench --no-default-features --bench replay` (add `-- NAME` to filter, e.g.
-//! `-- many-params`). `examples/replay.rs` gives the same replays' median and p99 latencies,
-//! device calls and peak memory.
+//! Every replay runs on a fresh simulated device (`SimDevice`), through the allocators'
+//! simulated-device constructors. `cargo bench --no-default-features --bench replay` (add
+//! `-- NAME` to filter, e.g. `-- many-params`). `examples/replay` gives the same replays'
+//! median and p99 latencies, device calls and peak memory, on the simulated device or CUDA.
 
 use std::time::Duration;
 

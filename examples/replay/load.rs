@@ -1,28 +1,13 @@
 //! Reading trace files: JSON (`Trace` as the engine serialises it), optionally gzipped.
 
-use std::fs::File;
-use std::io::BufReader;
 use std::path::Path;
 
 use burn_caching_alloc::alloc::Trace;
 use burn_caching_alloc::replay::NamedTrace;
-use flate2::read::GzDecoder;
 
 /// Loads `path` (`.json` or `.json.gz`); the trace is named after the file.
 pub fn load_trace(path: &Path) -> Result<NamedTrace, String> {
-    let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let gzipped = path.extension().is_some_and(|ext| ext == "gz");
-    let trace = if gzipped {
-        Trace::read_json(BufReader::new(GzDecoder::new(file)))
-    } else {
-        Trace::read_json(BufReader::new(file))
-    }
-    .map_err(|e| {
-        format!(
-            "{} is not a trace (JSON of TraceEvents): {e}",
-            path.display()
-        )
-    })?;
+    let trace = Trace::read_file(path).map_err(|e| e.to_string())?;
     Ok(NamedTrace {
         name: trace_name(path),
         trace,

@@ -1,14 +1,19 @@
 //! Replays allocation traces through this crate's caching engine and CubeCL 0.10's own memory
-//! management, over the same simulated device, and reports CPU time per operation, device
-//! calls and peak memory.
+//! management, over the same device (simulated, or a real CUDA device), and reports CPU time
+//! per operation, device calls and peak memory.
 //!
 //! ```text
 //! cargo run --release --no-default-features --example replay
 //! cargo run --release --no-default-features --example replay -- benches/traces/*.json.gz \
 //!     --runs 10 --json results.json --svg reserved.svg --allocators caching,cubecl-subslices
+//! cargo run --release --no-default-features --features cuda --example replay -- --device cuda
 //! ```
 //!
 //! With no trace files it replays the built-in set (`burn_caching_alloc::replay::builtin`).
+//! `--device sim` (the default) runs on a simulated device of `--capacity-gib` GiB;
+//! `--device cuda` (feature `cuda`) runs on CUDA device 0, every pass on real device memory,
+//! with CubeCL's pools sized from the device's total memory as cubecl-cuda sizes them. Without
+//! CUDA it prints why and exits with status 1.
 
 mod load;
 mod svg;
@@ -21,15 +26,27 @@ use burn_caching_alloc::replay::report::{json_rows, markdown_table};
 use burn_caching_alloc::replay::runner::timer_overhead_ns;
 use burn_caching_alloc::replay::{
     AllocatorKind, DEFAULT_DEVICE_CAPACITY, MeasureOptions, Measurement, NamedTrace, Program,
-    builtin_traces, measure,
+    ReplayDevice, SimReplayDevice, builtin_traces, measure_on,
 };
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+
+/// The device the replays run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum DeviceArg {
+    /// A simulated device of --capacity-gib GiB.
+    Sim,
+    /// CUDA device 0 (needs the `cuda` feature and an NVIDIA GPU).
+    Cuda,
+}
 
 #[derive(Parser, Debug)]
 #[command(about = "Replay allocation traces through the caching engine and CubeCL's pools")]
 struct Args {
     /// Trace files (JSON, or gzipped JSON ending in .gz). None: the built-in set.
     traces: Vec<PathBuf>,
+    /// The device to replay on: simulated, or CUDA device 0 (built with the `cuda` feature).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Sim)]
+    device: DeviceArg,
     /// Timed replays per trace and allocator (latencies are pooled over them).
     #[arg(long, default_value_t = 5)]
     runs: usize,
@@ -40,9 +57,10 @@ struct Args {
         default_value = "caching,cubecl-subslices,cubecl-exclusive,caching-stack"
     )]
     allocators: Vec<String>,
-    /// Capacity of the simulated device, in GiB (CubeCL's page size is a quarter of it).
-    #[arg(long, default_value_t = DEFAULT_DEVICE_CAPACITY >> 30)]
-    capacity_gib: u64,
+    /// Capacity of the simulated device in GiB, 24 by default (CubeCL's page size is a quarter
+    /// of it). `--device sim` only: on CUDA the capacity is the device's total memory.
+    #[arg(long, value_name = "GIB")]
+    capacity_gib: Option<u64>,
     /// The engine's configuration for caching and caching-stack, in PyTorch's syntax
     /// (e.g. "roundup_power2_divisions:4,max_split_size_mb:128"). Default: the engine's default.
     #[arg(long, default_value = "")]
@@ -64,11 +82,6 @@ fn run(args: Args) -> Result<(), String> {
     if kinds.is_empty() {
         return Err("--allocators names no allocator".into());
     }
-    let capacity = args
-        .capacity_gib
-        .checked_mul(1 << 30)
-        .filter(|&c| c > 0)
-        .ok_or_else(|| format!("--capacity-gib {} is out of range", args.capacity_gib))?;
     let traces: Vec<NamedTrace> = if args.traces.is_empty() {
         builtin_traces()
     } else {
@@ -79,23 +92,90 @@ fn run(args: Args) -> Result<(), String> {
     };
     let engine_config = AllocatorConfig::parse(&args.caching_config)
         .map_err(|e| format!("--caching-config {:?}: {e}", args.caching_config))?;
+
+    match args.device {
+        DeviceArg::Sim => {
+            let gib = args.capacity_gib.unwrap_or(DEFAULT_DEVICE_CAPACITY >> 30);
+            let capacity = gib
+                .checked_mul(1 << 30)
+                .filter(|&c| c > 0)
+                .ok_or_else(|| format!("--capacity-gib {gib} is out of range"))?;
+            let options = MeasureOptions {
+                capacity,
+                runs: args.runs,
+                engine_config,
+            };
+            replay_all(
+                &SimReplayDevice::new(capacity),
+                &args,
+                &kinds,
+                &traces,
+                &options,
+            )
+        }
+        DeviceArg::Cuda => run_cuda(&args, &kinds, &traces, engine_config),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda(
+    args: &Args,
+    kinds: &[AllocatorKind],
+    traces: &[NamedTrace],
+    engine_config: AllocatorConfig,
+) -> Result<(), String> {
+    use burn_caching_alloc::device::cuda::cuda_available;
+    use burn_caching_alloc::replay::devices::CudaReplayDevice;
+
+    if args.capacity_gib.is_some() {
+        eprintln!(
+            "note: --capacity-gib applies to the simulated device only; ignored with --device cuda"
+        );
+    }
+    cuda_available().map_err(|reason| format!("CUDA is not available: {reason}"))?;
+    let device =
+        CudaReplayDevice::new(0).map_err(|reason| format!("CUDA is not available: {reason}"))?;
     let options = MeasureOptions {
-        capacity,
+        capacity: device.capacity(),
         runs: args.runs,
         engine_config,
     };
+    replay_all(&device, args, kinds, traces, &options)
+}
 
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(
+    _: &Args,
+    _: &[AllocatorKind],
+    _: &[NamedTrace],
+    _: AllocatorConfig,
+) -> Result<(), String> {
+    Err(
+        "--device cuda: this example was built without the cuda feature \
+         (rebuild with --features cuda)"
+            .into(),
+    )
+}
+
+/// Replays every trace through every allocator on `device`, and writes the reports.
+fn replay_all<R: ReplayDevice>(
+    device: &R,
+    args: &Args,
+    kinds: &[AllocatorKind],
+    traces: &[NamedTrace],
+    options: &MeasureOptions,
+) -> Result<(), String> {
     eprintln!(
-        "device: simulated, {} GiB; {} timed run(s) per replay; clock overhead {} ns \
+        "device: {}; {} timed run(s) per replay; clock overhead {} ns \
          (subtracted from every sample); engine configuration: {:?}",
-        args.capacity_gib,
+        device.describe(),
         args.runs,
         timer_overhead_ns(),
         args.caching_config
     );
     let mut measurements: Vec<Measurement> = Vec::new();
     let mut allocated_curves = Vec::new();
-    for named in &traces {
+    for named in traces {
         let program =
             Program::compile(&named.trace).map_err(|e| format!("trace {}: {e}", named.name))?;
         if program.skipped_events() > 0 || program.appended_frees() > 0 {
@@ -107,13 +187,13 @@ fn run(args: Args) -> Result<(), String> {
                 program.appended_frees()
             );
         }
-        for &kind in &kinds {
+        for &kind in kinds {
             eprintln!(
                 "replaying {} ({} ops) through {kind} ...",
                 named.name,
                 program.ops().len()
             );
-            let m = measure(&named.name, &program, kind, &options)
+            let m = measure_on(device, &named.name, &program, kind, options)
                 .map_err(|e| format!("trace {} through {kind}: {e}", named.name))?;
             if m.ooms > 0 {
                 eprintln!("  {kind}: {} requests failed with out-of-memory", m.ooms);

@@ -37,6 +37,7 @@ mod snapshot;
 mod stats;
 mod summary;
 mod trace;
+mod trace_file;
 
 pub use allocator::{Allocation, CachingAllocator};
 pub use block::BlockState;
@@ -50,3 +51,4 @@ pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
 pub use stats::{MemoryStats, Stat, StatArray};
 pub use summary::summary;
 pub use trace::{ReplayStats, Trace, TraceEvent};
+pub use trace_file::TraceFileError;

@@ -1,8 +1,10 @@
 //! Raw device memory: the one trait the engine allocates segments through, and its
-//! implementations (a simulated device always; CUDA and wgpu behind their features).
+//! implementations (a simulated device always; CUDA and wgpu behind their features), plus
+//! [`metered::Metered`], which counts the segments of any of them.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod metered;
 pub mod sim;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;

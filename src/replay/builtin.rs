@@ -1,7 +1,9 @@
-//! The built-in trace set the benchmarks replay when given no trace files.
+//! The built-in trace set the benchmarks replay when given no trace files: the generated
+//! traces, then the ones recorded from Burn training ([`super::recorded`]).
 
 use super::many_params::{ManyParamsConfig, many_params};
 use super::random::{RandomTraceConfig, random_lifetimes};
+use super::recorded::{RECORDED_NAMES, recorded_trace};
 use super::training::{cnn_mnist, mlp_mnist};
 use super::transformer::transformer_varlen;
 use crate::alloc::Trace;
@@ -16,13 +18,24 @@ pub struct NamedTrace {
     pub trace: Trace,
 }
 
-/// Names of the built-in traces, in report order.
-pub const BUILTIN_NAMES: [&str; 5] = [
+/// Names of the generated traces, in report order.
+pub const GENERATED_NAMES: [&str; 5] = [
     "mlp-mnist",
     "cnn-mnist",
     "transformer-varlen",
     "random-loguniform",
     "many-params",
+];
+
+/// Names of the whole built-in set (generated, then recorded), in report order.
+pub const BUILTIN_NAMES: [&str; 7] = [
+    GENERATED_NAMES[0],
+    GENERATED_NAMES[1],
+    GENERATED_NAMES[2],
+    GENERATED_NAMES[3],
+    GENERATED_NAMES[4],
+    RECORDED_NAMES[0],
+    RECORDED_NAMES[1],
 ];
 
 /// One built-in trace by name, or `None` for an unknown name.
@@ -33,7 +46,7 @@ pub fn builtin_trace(name: &str) -> Option<Trace> {
         "transformer-varlen" => transformer_varlen(100, BUILTIN_SEED),
         "random-loguniform" => random_lifetimes(RandomTraceConfig::default(), BUILTIN_SEED),
         "many-params" => many_params(ManyParamsConfig::default(), BUILTIN_SEED),
-        _ => return None,
+        other => return recorded_trace(other),
     })
 }
 

@@ -1,26 +1,37 @@
 //! Replaying a compiled trace through an allocator, and measuring it.
 //!
-//! A measurement replays the trace once instrumented, then `runs` times timed:
+//! A measurement runs on a [`ReplayDevice`]: the simulated device ([`measure`]) or any other,
+//! CUDA included ([`measure_on`]). Every pass opens a fresh device, wraps it in [`Metered`]
+//! and hands it to a fresh allocator; the meter, not the device, says what happened to
+//! segments, so the numbers mean the same on every device. A measurement replays the trace
+//! once instrumented, then `runs` times timed:
 //!
-//! - the instrumented pass reads the simulated device after every operation (reserved bytes
-//!   over time, their peak), its call counters at the end, and, at the operation where the
-//!   trace's live requests peak, the allocator's own count of live bytes (so the reported peak
-//!   allocated is the allocator's accounting, checked against the trace's);
+//! - the instrumented pass reads the meter after every operation (reserved bytes over time,
+//!   their peak), its segment counts at the end, and, at the operation where the trace's live
+//!   requests peak, the allocator's own count of live bytes (so the reported peak allocated
+//!   is the allocator's accounting, checked against the trace's);
 //! - each timed pass starts from a fresh device and allocator and times every operation
 //!   alone with `Instant`; the latencies of all passes are pooled for the median and the 99th
 //!   percentile, and the clock's own cost (calibrated once, [`timer_overhead_ns`]) is taken
 //!   off each sample. A CubeCL free only drops a handle; its cost shows in later reserves.
+//!
+//! After every pass the allocator is dropped, which returns every segment to the device (see
+//! [`ReplayAllocator`]); a pass that leaves bytes on the device fails the measurement, so a
+//! real device never carries one pass's memory into the next.
 
 use std::sync::OnceLock;
 use std::time::Instant;
+
+use cubecl_runtime::memory_management::MemoryConfiguration;
 
 use super::allocator::{
     AllocatorKind, CachingStackAllocator, CubeclAllocator, DEFAULT_DEVICE_CAPACITY,
     EngineAllocator, ReplayAllocator, ReplayError,
 };
+use super::devices::{ReplayDevice, SimReplayDevice};
 use super::program::{Op, Program};
 use crate::alloc::AllocatorConfig;
-use crate::device::sim::SimDevice;
+use crate::device::metered::{Meter, Metered};
 
 /// What a replay did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,6 +55,9 @@ pub struct NoProbe;
 impl<A: ReplayAllocator> Probe<A> for NoProbe {}
 
 /// Replays `program` through `allocator`, calling `probe` around every operation.
+///
+/// If the replay stops on an error, the allocations still live are freed before it returns,
+/// so that dropping the allocator can return every segment to the device.
 pub fn replay_with<A: ReplayAllocator, P: Probe<A>>(
     allocator: &mut A,
     program: &Program,
@@ -51,6 +65,22 @@ pub fn replay_with<A: ReplayAllocator, P: Probe<A>>(
 ) -> Result<ReplayCounts, ReplayError> {
     let mut handles: Vec<Option<A::Handle>> = Vec::with_capacity(program.slots());
     handles.resize_with(program.slots(), || None);
+    let result = replay_ops(allocator, program, probe, &mut handles);
+    if result.is_err() {
+        for handle in handles.into_iter().flatten() {
+            // Best effort: the replay's own error is the one to report.
+            let _ = allocator.free(handle);
+        }
+    }
+    result
+}
+
+fn replay_ops<A: ReplayAllocator, P: Probe<A>>(
+    allocator: &mut A,
+    program: &Program,
+    probe: &mut P,
+    handles: &mut [Option<A::Handle>],
+) -> Result<ReplayCounts, ReplayError> {
     let mut counts = ReplayCounts::default();
     for (index, op) in program.ops().iter().enumerate() {
         probe.before();
@@ -92,7 +122,8 @@ pub fn replay<A: ReplayAllocator>(
 /// How to measure.
 #[derive(Clone, Debug)]
 pub struct MeasureOptions {
-    /// Capacity of the simulated device.
+    /// Capacity of the simulated device [`measure`] runs on ([`measure_on`] takes the
+    /// device's own capacity instead).
     pub capacity: u64,
     /// Timed passes (0: only the instrumented pass; latencies are then zero).
     pub runs: usize,
@@ -120,7 +151,8 @@ pub struct Measurement {
     pub ns_per_op_median: f64,
     pub ns_per_op_p99: f64,
     pub ns_per_op_mean: f64,
-    /// Segments the allocator asked of the device, and returned.
+    /// Segments the allocator asked of the device, and returned, during the instrumented
+    /// pass (what dropping the allocator returns afterwards is not counted).
     pub device_allocs: u64,
     pub device_frees: u64,
     /// Bytes of live requests at the trace's peak, as the allocator counted them.
@@ -143,7 +175,7 @@ impl Measurement {
 }
 
 struct Instrument {
-    device: SimDevice,
+    meter: Meter,
     peak_op: usize,
     curve: Vec<u64>,
     peak_reserved: u64,
@@ -152,7 +184,7 @@ struct Instrument {
 
 impl<A: ReplayAllocator> Probe<A> for Instrument {
     fn after(&mut self, index: usize, allocator: &A) {
-        let reserved = self.device.bytes_in_use();
+        let reserved = self.meter.bytes_in_use();
         self.peak_reserved = self.peak_reserved.max(reserved);
         self.curve.push(reserved);
         if index == self.peak_op {
@@ -203,50 +235,102 @@ pub fn quantile(sorted: &[u32], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1] as f64
 }
 
-/// Measures `program` (named `trace`) through a fresh allocator of `kind`.
+/// Measures `program` (named `trace`) through a fresh allocator of `kind` on fresh simulated
+/// devices of `options.capacity` bytes.
 pub fn measure(
     trace: &str,
     program: &Program,
     kind: AllocatorKind,
     options: &MeasureOptions,
 ) -> Result<Measurement, ReplayError> {
-    let config = &options.engine_config;
-    match kind {
-        AllocatorKind::Caching => measure_with(trace, program, kind, options, |device| {
-            EngineAllocator::with_config(device, config.clone())
-        }),
-        AllocatorKind::CubeclSubslices => {
-            measure_with(trace, program, kind, options, CubeclAllocator::subslices)
-        }
-        AllocatorKind::CubeclExclusive => {
-            measure_with(trace, program, kind, options, CubeclAllocator::exclusive)
-        }
-        AllocatorKind::CachingStack => measure_with(trace, program, kind, options, |device| {
-            CachingStackAllocator::with_config(device, config.clone())
-        }),
-    }
+    measure_on(
+        &SimReplayDevice::new(options.capacity),
+        trace,
+        program,
+        kind,
+        options,
+    )
 }
 
-/// Measures `program` through allocators made by `make` over fresh simulated devices.
-pub fn measure_with<A: ReplayAllocator>(
+/// Measures `program` (named `trace`) through a fresh allocator of `kind` on fresh devices
+/// from `device` (whose capacity sizes CubeCL's pools; `options.capacity` is not used).
+pub fn measure_on<R: ReplayDevice>(
+    device: &R,
     trace: &str,
     program: &Program,
     kind: AllocatorKind,
     options: &MeasureOptions,
-    make: impl Fn(SimDevice) -> A,
 ) -> Result<Measurement, ReplayError> {
-    let device = SimDevice::new(options.capacity);
-    let mut allocator = make(device.clone());
+    let config = &options.engine_config;
+    let capacity = device.capacity();
+    match kind {
+        AllocatorKind::Caching => measure_with(device, trace, program, kind, options, |memory| {
+            EngineAllocator::with_config(memory, config.clone())
+        }),
+        AllocatorKind::CubeclSubslices => {
+            measure_with(device, trace, program, kind, options, |memory| {
+                CubeclAllocator::new(memory, capacity, MemoryConfiguration::SubSlices)
+            })
+        }
+        AllocatorKind::CubeclExclusive => {
+            measure_with(device, trace, program, kind, options, |memory| {
+                CubeclAllocator::new(memory, capacity, MemoryConfiguration::ExclusivePages)
+            })
+        }
+        AllocatorKind::CachingStack => {
+            measure_with(device, trace, program, kind, options, |memory| {
+                CachingStackAllocator::with_capacity(memory, capacity, config.clone())
+            })
+        }
+    }
+}
+
+/// One pass's device, metered, and the meter to read it by.
+fn open_metered<R: ReplayDevice>(device: &R) -> Result<(Metered<R::Memory>, Meter), ReplayError> {
+    let memory = device
+        .open()
+        .map_err(|err| ReplayError::Failed(format!("cannot open the device: {err}")))?;
+    let metered = Metered::new(memory);
+    let meter = metered.meter();
+    Ok((metered, meter))
+}
+
+/// Fails if a dropped allocator left segments on the device.
+fn check_returned(meter: &Meter, kind: AllocatorKind) -> Result<(), ReplayError> {
+    let left = meter.bytes_in_use();
+    if left == 0 {
+        return Ok(());
+    }
+    Err(ReplayError::Failed(format!(
+        "{kind} left {left} bytes in {} segment(s) on the device after being dropped",
+        meter.allocs().saturating_sub(meter.frees())
+    )))
+}
+
+/// Measures `program` through allocators made by `make`, each over a fresh device from
+/// `device` wrapped in [`Metered`].
+pub fn measure_with<R: ReplayDevice, A: ReplayAllocator>(
+    device: &R,
+    trace: &str,
+    program: &Program,
+    kind: AllocatorKind,
+    options: &MeasureOptions,
+    make: impl Fn(Metered<R::Memory>) -> A,
+) -> Result<Measurement, ReplayError> {
+    let (memory, meter) = open_metered(device)?;
+    let mut allocator = make(memory);
     let mut instrument = Instrument {
-        device: device.clone(),
+        meter: meter.clone(),
         peak_op: program.peak_op(),
         curve: Vec::with_capacity(program.ops().len()),
         peak_reserved: 0,
         live_at_peak: 0,
     };
-    let counts = replay_with(&mut allocator, program, &mut instrument)?;
-    let counters = device.counters();
+    let replayed = replay_with(&mut allocator, program, &mut instrument);
+    let reading = meter.reading();
     drop(allocator);
+    let counts = replayed?;
+    check_returned(&meter, kind)?;
 
     let overhead = timer_overhead_ns();
     let mut stopwatch = Stopwatch {
@@ -254,8 +338,12 @@ pub fn measure_with<A: ReplayAllocator>(
         samples: Vec::with_capacity(program.ops().len() * options.runs),
     };
     for _ in 0..options.runs {
-        let mut allocator = make(SimDevice::new(options.capacity));
-        replay_with(&mut allocator, program, &mut stopwatch)?;
+        let (memory, meter) = open_metered(device)?;
+        let mut allocator = make(memory);
+        let replayed = replay_with(&mut allocator, program, &mut stopwatch);
+        drop(allocator);
+        replayed?;
+        check_returned(&meter, kind)?;
     }
     let mut samples = stopwatch.samples;
     for sample in &mut samples {
@@ -275,8 +363,8 @@ pub fn measure_with<A: ReplayAllocator>(
         ns_per_op_median: quantile(&samples, 0.5),
         ns_per_op_p99: quantile(&samples, 0.99),
         ns_per_op_mean: mean,
-        device_allocs: counters.allocs,
-        device_frees: counters.frees,
+        device_allocs: reading.allocs,
+        device_frees: reading.frees,
         peak_allocated: instrument.live_at_peak,
         peak_reserved: instrument.peak_reserved,
         ooms: counts.ooms,

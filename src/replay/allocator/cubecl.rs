@@ -1,12 +1,16 @@
-//! `cubecl-subslices` and `cubecl-exclusive`: CubeCL 0.10's own `MemoryManagement` over the
-//! simulated device, driven the way cubecl-cuda's server drives it.
+//! `cubecl-subslices` and `cubecl-exclusive`: CubeCL 0.10's own `MemoryManagement` over a
+//! device (through [`DeviceStorage`]), driven the way cubecl-cuda's server drives it.
 //!
-//! One manager per stream (cubecl-cuda keeps one per stream). A malloc is the server's
-//! `empty`: `reserve(size)`, then `bind` the reservation to a fresh client handle; a free
-//! drops that client handle, which makes the slice reusable; `empty_cache` is the server's
-//! `memory_cleanup`: `cleanup(true)` on every manager. cubecl-cuda 0.10 calls
+//! One manager per stream (cubecl-cuda keeps one per stream), all sharing the device. A malloc
+//! is the server's `empty`: `reserve(size)`, then `bind` the reservation to a fresh client
+//! handle; a free drops that client handle, which makes the slice reusable; `empty_cache` is
+//! the server's `memory_cleanup`: `cleanup(true)` on every manager. cubecl-cuda 0.10 calls
 //! `cleanup(false)` (the dealloc-period sweep of exclusive pages) only after a stream error,
 //! so a replay never does. CubeCL has no cross-stream reuse, so `record_stream` is a no-op.
+//!
+//! The pools are sized from the device's capacity as cubecl-cuda sizes them from the device's
+//! total memory ([`cuda_memory_properties`]). Dropping the allocator drops the managers and
+//! their storages, which return every segment to the device.
 
 use std::sync::Arc;
 
@@ -15,35 +19,44 @@ use cubecl_runtime::memory_management::{
     ManagedMemoryHandle, MemoryAllocationMode, MemoryConfiguration, MemoryManagement,
     MemoryManagementOptions,
 };
+use parking_lot::Mutex;
 
 use super::{ReplayAllocator, ReplayError, cuda_memory_properties};
 use crate::device::sim::SimDevice;
-use crate::device::{DeviceError, StreamId};
-use crate::replay::sim_storage::SimStorage;
+use crate::device::{DeviceError, DeviceMemory, StreamId};
+use crate::replay::device_storage::{DeviceStorage, SharedDevice};
 
-/// CubeCL's memory management over a simulated device.
-pub struct CubeclAllocator {
-    device: SimDevice,
+/// CubeCL's memory management over a device `D`.
+pub struct CubeclAllocator<D: DeviceMemory> {
+    device: SharedDevice<D>,
+    capacity: u64,
     config: MemoryConfiguration,
     logger: Arc<ServerLogger>,
-    managers: Vec<(StreamId, MemoryManagement<SimStorage>)>,
+    managers: Vec<(StreamId, MemoryManagement<DeviceStorage<D>>)>,
     cursor: u64,
 }
 
-impl CubeclAllocator {
-    /// CubeCL's default pools (`MemoryConfiguration::SubSlices`).
+impl CubeclAllocator<SimDevice> {
+    /// CubeCL's default pools (`MemoryConfiguration::SubSlices`) on a simulated device.
     pub fn subslices(device: SimDevice) -> Self {
-        Self::new(device, MemoryConfiguration::SubSlices)
+        let capacity = device.capacity();
+        Self::new(device, capacity, MemoryConfiguration::SubSlices)
     }
 
-    /// CubeCL's exclusive pages (`MemoryConfiguration::ExclusivePages`).
+    /// CubeCL's exclusive pages (`MemoryConfiguration::ExclusivePages`) on a simulated device.
     pub fn exclusive(device: SimDevice) -> Self {
-        Self::new(device, MemoryConfiguration::ExclusivePages)
+        let capacity = device.capacity();
+        Self::new(device, capacity, MemoryConfiguration::ExclusivePages)
     }
+}
 
-    pub fn new(device: SimDevice, config: MemoryConfiguration) -> Self {
+impl<D: DeviceMemory> CubeclAllocator<D> {
+    /// CubeCL's `config` on `device`, whose total memory is `capacity` bytes (what CubeCL's
+    /// page sizes derive from).
+    pub fn new(device: D, capacity: u64, config: MemoryConfiguration) -> Self {
         Self {
-            device,
+            device: Arc::new(Mutex::new(device)),
+            capacity,
             config,
             logger: Arc::new(ServerLogger::default()),
             managers: Vec::new(),
@@ -51,13 +64,13 @@ impl CubeclAllocator {
         }
     }
 
-    fn manager(&mut self, stream: StreamId) -> &mut MemoryManagement<SimStorage> {
+    fn manager(&mut self, stream: StreamId) -> &mut MemoryManagement<DeviceStorage<D>> {
         let index = match self.managers.iter().position(|(s, _)| *s == stream) {
             Some(index) => index,
             None => {
-                let properties = cuda_memory_properties(self.device.capacity());
+                let properties = cuda_memory_properties(self.capacity);
                 let storage =
-                    SimStorage::new(self.device.clone(), stream, properties.alignment as usize);
+                    DeviceStorage::new(self.device.clone(), stream, properties.alignment as usize);
                 let manager = MemoryManagement::from_configuration(
                     storage,
                     &properties,
@@ -76,7 +89,7 @@ impl CubeclAllocator {
     }
 }
 
-impl ReplayAllocator for CubeclAllocator {
+impl<D: DeviceMemory> ReplayAllocator for CubeclAllocator<D> {
     type Handle = ManagedMemoryHandle;
 
     fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Self::Handle, ReplayError> {

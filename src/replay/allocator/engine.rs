@@ -1,28 +1,38 @@
-//! `caching`: the engine alone, with its default configuration.
+//! `caching`: the engine alone, with its default configuration (or the one given).
 
 use super::{ReplayAllocator, ReplayError};
 use crate::alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator};
-use crate::device::StreamId;
-use crate::device::sim::SimDevice;
+use crate::device::{DeviceMemory, StreamId};
 
-/// The caching engine over a simulated device.
-pub struct EngineAllocator {
-    engine: CachingAllocator<SimDevice>,
+/// The caching engine over a device `D` (the simulated device, a metered one, CUDA).
+///
+/// Dropping it empties the engine's cache: once every allocation was freed (a replay frees
+/// them all), every segment goes back to the device.
+pub struct EngineAllocator<D: DeviceMemory> {
+    engine: CachingAllocator<D>,
 }
 
-impl EngineAllocator {
-    pub fn new(device: SimDevice) -> Self {
+impl<D: DeviceMemory> EngineAllocator<D> {
+    pub fn new(device: D) -> Self {
         Self::with_config(device, AllocatorConfig::default())
     }
 
-    pub fn with_config(device: SimDevice, config: AllocatorConfig) -> Self {
+    pub fn with_config(device: D, config: AllocatorConfig) -> Self {
         Self {
             engine: CachingAllocator::new(device, config),
         }
     }
 
-    pub fn engine(&self) -> &CachingAllocator<SimDevice> {
+    pub fn engine(&self) -> &CachingAllocator<D> {
         &self.engine
+    }
+}
+
+impl<D: DeviceMemory> Drop for EngineAllocator<D> {
+    fn drop(&mut self) {
+        if let Err(err) = self.engine.empty_cache() {
+            log::error!("EngineAllocator: emptying the cache on drop failed: {err}");
+        }
     }
 }
 
@@ -34,8 +44,8 @@ fn replay_error(err: AllocError) -> ReplayError {
     }
 }
 
-impl ReplayAllocator for EngineAllocator {
-    type Handle = Allocation<u64>;
+impl<D: DeviceMemory> ReplayAllocator for EngineAllocator<D> {
+    type Handle = Allocation<D::Handle>;
 
     fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Self::Handle, ReplayError> {
         self.engine.malloc(size, stream).map_err(replay_error)

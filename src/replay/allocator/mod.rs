@@ -1,11 +1,16 @@
 //! The allocators a trace is replayed through, behind one small trait.
 //!
-//! Every allocator gets a fresh [`SimDevice`] of the same capacity, so device calls, reserved
-//! bytes and out-of-memory behave the same for all of them.
+//! Every allocator is generic over the [`DeviceMemory`](crate::device::DeviceMemory) it
+//! allocates segments from, and every pass of a measurement gives each one a fresh device of
+//! the same kind and capacity (a [`SimDevice`](crate::device::sim::SimDevice), or a CUDA
+//! device; see [`super::devices`]), so device calls, reserved bytes and out-of-memory behave
+//! the same for all of them. The `SimDevice` constructors (`EngineAllocator::new`,
+//! `CubeclAllocator::subslices`, `CachingStackAllocator::new`, ...) take the capacity from the
+//! simulated device; the generic ones take it as an argument.
 //!
 //! - `caching`: this crate's engine ([`crate::alloc::CachingAllocator`]) alone;
 //! - `cubecl-subslices`: CubeCL 0.10's `MemoryManagement` with its default
-//!   `MemoryConfiguration::SubSlices`, over [`super::sim_storage::SimStorage`];
+//!   `MemoryConfiguration::SubSlices`, over [`super::device_storage::DeviceStorage`];
 //! - `cubecl-exclusive`: the same with `MemoryConfiguration::ExclusivePages`;
 //! - `caching-stack`: what this crate's CubeCL server runs per stream: CubeCL's persistent
 //!   pool over the engine (`EngineStorage`), with the runtime's reclaim policy.
@@ -36,6 +41,10 @@ pub enum ReplayError {
 }
 
 /// An allocator a trace can be replayed through.
+///
+/// Dropping one returns every segment it holds to its device once every handle it gave out
+/// was freed (a completed replay frees them all; a failed one frees the rest before it
+/// returns): the next pass on a real device then starts from what the last one found.
 pub trait ReplayAllocator {
     /// What a live allocation is held by (dropping it may be the free).
     type Handle;
@@ -92,13 +101,14 @@ impl core::fmt::Display for AllocatorKind {
     }
 }
 
-/// The simulated device every replay runs on, by default: 24 GiB, a common size of a CUDA
+/// The simulated device's capacity, by default: 24 GiB, a common size of a CUDA
 /// device (RTX 3090/4090, A10G, L4 has 24 GB too).
 pub const DEFAULT_DEVICE_CAPACITY: u64 = 24 << 30;
 
 /// CubeCL's memory properties of a CUDA device of `capacity` bytes, as cubecl-cuda 0.10 sets
 /// them (`runtime.rs`): `max_page_size` is a quarter of the device's total memory
-/// (`cuDeviceTotalMem / 4`) and the alignment is 512 bytes. With `SubSlices` this yields
+/// (`cuDeviceTotalMem / 4`) and the alignment is 512 bytes. On a real CUDA device the
+/// capacity is its total memory. With `SubSlices` this yields
 /// sliced pools with pages of 24 MiB, 96 MiB, 384 MiB, 1.5 GiB and 6 GiB on a 24 GiB device.
 pub fn cuda_memory_properties(capacity: u64) -> MemoryDeviceProperties {
     MemoryDeviceProperties {

@@ -1,5 +1,5 @@
-//! `caching-stack`: what this crate's CubeCL server runs for each stream, on the simulated
-//! device: CubeCL's persistent pool (exact-size reuse of freed slices) over the engine's
+//! `caching-stack`: what this crate's CubeCL server runs for each stream, on a device `D`:
+//! CubeCL's persistent pool (exact-size reuse of freed slices) over the engine's
 //! `ComputeStorage` (`crate::runtime::storage::EngineStorage`), with the runtime's reclaim
 //! policy (`crate::runtime::reclaim::StreamMemory`: free slices go back to the engine before
 //! it would grow).
@@ -7,7 +7,8 @@
 //! A malloc is `reserve` then `bind` to a fresh client handle, a free drops the client handle,
 //! `empty_cache` reclaims every stream and empties the engine's cache. `record_stream` is a
 //! no-op here: the server records streams on engine blocks it resolves through CubeCL
-//! bindings, which a replay does not have.
+//! bindings, which a replay does not have. Dropping the allocator does what `empty_cache`
+//! does, so that once every handle was dropped every segment goes back to the device.
 
 use std::sync::Arc;
 
@@ -15,34 +16,45 @@ use cubecl_runtime::memory_management::ManagedMemoryHandle;
 
 use super::{ReplayAllocator, ReplayError, cuda_memory_properties};
 use crate::alloc::{AllocatorConfig, CachingAllocator};
-use crate::device::StreamId;
 use crate::device::sim::SimDevice;
+use crate::device::{DeviceMemory, StreamId};
 use crate::runtime::reclaim::StreamMemory;
 
-/// One stream's memory of the caching stack, built the way the server builds it.
-pub fn caching_stack_memory(
-    engine: Arc<CachingAllocator<SimDevice>>,
+/// One stream's memory of the caching stack, built the way the server builds it, on a device
+/// of `capacity` bytes.
+pub fn caching_stack_memory<D: DeviceMemory>(
+    engine: Arc<CachingAllocator<D>>,
     stream: StreamId,
     capacity: u64,
-) -> StreamMemory<SimDevice> {
+) -> StreamMemory<D> {
     StreamMemory::new(engine, stream, &cuda_memory_properties(capacity))
 }
 
-/// The caching stack over a simulated device.
-pub struct CachingStackAllocator {
-    engine: Arc<CachingAllocator<SimDevice>>,
+/// The caching stack over a device `D`.
+pub struct CachingStackAllocator<D: DeviceMemory> {
+    engine: Arc<CachingAllocator<D>>,
     capacity: u64,
-    streams: Vec<(StreamId, StreamMemory<SimDevice>)>,
+    streams: Vec<(StreamId, StreamMemory<D>)>,
     cursor: u64,
 }
 
-impl CachingStackAllocator {
+impl CachingStackAllocator<SimDevice> {
+    /// The stack with the engine's default configuration on a simulated device.
     pub fn new(device: SimDevice) -> Self {
         Self::with_config(device, AllocatorConfig::default())
     }
 
+    /// The stack with the engine configured by `config` on a simulated device.
     pub fn with_config(device: SimDevice, config: AllocatorConfig) -> Self {
         let capacity = device.capacity();
+        Self::with_capacity(device, capacity, config)
+    }
+}
+
+impl<D: DeviceMemory> CachingStackAllocator<D> {
+    /// The stack with the engine configured by `config` on `device`, whose total memory is
+    /// `capacity` bytes (what CubeCL's memory properties derive from).
+    pub fn with_capacity(device: D, capacity: u64, config: AllocatorConfig) -> Self {
         Self {
             engine: Arc::new(CachingAllocator::new(device, config)),
             capacity,
@@ -51,11 +63,11 @@ impl CachingStackAllocator {
         }
     }
 
-    pub fn engine(&self) -> &CachingAllocator<SimDevice> {
+    pub fn engine(&self) -> &CachingAllocator<D> {
         &self.engine
     }
 
-    fn stream(&mut self, stream: StreamId) -> &mut StreamMemory<SimDevice> {
+    fn stream(&mut self, stream: StreamId) -> &mut StreamMemory<D> {
         let index = match self.streams.iter().position(|(s, _)| *s == stream) {
             Some(index) => index,
             None => {
@@ -68,7 +80,22 @@ impl CachingStackAllocator {
     }
 }
 
-impl ReplayAllocator for CachingStackAllocator {
+impl<D: DeviceMemory> Drop for CachingStackAllocator<D> {
+    fn drop(&mut self) {
+        // Free slices go back to the engine (a slice still bound to a live handle stays an
+        // allocated engine block, and its segment with it), then the engine's cache goes back
+        // to the device.
+        for (_, memory) in &mut self.streams {
+            memory.reclaim();
+        }
+        self.streams.clear();
+        if let Err(err) = self.engine.empty_cache() {
+            log::error!("CachingStackAllocator: emptying the cache on drop failed: {err}");
+        }
+    }
+}
+
+impl<D: DeviceMemory> ReplayAllocator for CachingStackAllocator<D> {
     type Handle = ManagedMemoryHandle;
 
     fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Self::Handle, ReplayError> {

@@ -1,0 +1,78 @@
+//! Trace files: a [`Trace`] as JSON on disk, gzipped when the file name ends in `.gz`.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use flate2::Compression;
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
+
+use super::trace::Trace;
+
+/// Why a trace file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceFileError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is not a trace (JSON of trace events): {source}", path.display())]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+/// Whether `path` names a gzipped file.
+fn gzipped(path: &Path) -> bool {
+    path.extension().is_some_and(|ext| ext == "gz")
+}
+
+impl Trace {
+    /// Reads the trace in `path`: JSON, or gzipped JSON when the name ends in `.gz`.
+    pub fn read_file(path: &Path) -> Result<Self, TraceFileError> {
+        let file = File::open(path).map_err(|source| TraceFileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let reader: Box<dyn Read> = if gzipped(path) {
+            Box::new(GzDecoder::new(BufReader::new(file)))
+        } else {
+            Box::new(BufReader::new(file))
+        };
+        Trace::read_json(reader).map_err(|source| TraceFileError::Json {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Writes the trace to `path`: JSON, gzipped when the name ends in `.gz`.
+    pub fn write_file(&self, path: &Path) -> Result<(), TraceFileError> {
+        let io = |source| TraceFileError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let json = |source| TraceFileError::Json {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = BufWriter::new(File::create(path).map_err(io)?);
+        let mut file = if gzipped(path) {
+            let mut encoder = GzEncoder::new(file, Compression::best());
+            self.write_json(&mut encoder).map_err(json)?;
+            encoder.finish().map_err(io)?
+        } else {
+            let mut file = file;
+            self.write_json(&mut file).map_err(json)?;
+            file
+        };
+        file.flush().map_err(io)
+    }
+
+    /// Decodes a gzipped JSON trace held in memory (an embedded trace file).
+    pub fn from_json_gz(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        Trace::read_json(GzDecoder::new(bytes))
+    }
+}
