@@ -11,6 +11,10 @@
 //! Burn's `MnistDataset` downloader needs burn's `vision` feature, which this
 //! crate does not enable, so without the files the example stops and says
 //! where to get them.
+//!
+//! With `BURN_CACHING_ALLOC_TRACE=PATH` (`.json`, or `.json.gz` to compress) a caching
+//! backend records every tensor's reservation and release and writes the trace to PATH at the
+//! end; `examples/replay` replays it (this is how `benches/traces/` was made).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -208,6 +212,9 @@ fn print_memory(outcome: &RunOutcome) {
     }
     if let Some(summary) = &outcome.summary {
         println!("{summary}");
+    }
+    if let Some(path) = &outcome.trace {
+        println!("  allocator trace written to {}", path.display());
     }
 }
 

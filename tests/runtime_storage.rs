@@ -3,10 +3,12 @@
 
 use std::sync::Arc;
 
-use burn_caching_alloc::alloc::{AllocError, AllocatorConfig, CachingAllocator, MIB};
+use burn_caching_alloc::alloc::{AllocError, AllocatorConfig, CachingAllocator, MIB, TraceEvent};
 use burn_caching_alloc::device::StreamId;
 use burn_caching_alloc::device::sim::SimDevice;
-use burn_caching_alloc::runtime::reclaim::{CREDIT_PER_RESERVE, StreamMemory};
+use burn_caching_alloc::runtime::reclaim::{
+    CREDIT_PER_RESERVE, GROWTH_STEP, ReclaimPolicy, StreamMemory,
+};
 use burn_caching_alloc::runtime::storage::{EngineStorage, Growth, persistent_manager};
 use cubecl_ir::MemoryDeviceProperties;
 use cubecl_runtime::storage::ComputeStorage;
@@ -157,11 +159,26 @@ fn loading_ten_thousand_parameters_costs_constant_reclaim_work_per_allocation() 
     let counters = memory.counters();
     assert_eq!(counters.reserves, n);
     assert_eq!(counters.would_grow, n);
-    // The budget bounds the total work of all reclaims by a constant per reservation...
-    assert!(counters.reclaim_work <= CREDIT_PER_RESERVE * n);
-    // ...so reclaims happen at geometrically spaced points, not at every miss.
+    // The budget bounds the work of budgeted reclaims by a constant per reservation: they
+    // happen at geometrically spaced points, not at every miss.
     assert!(counters.reclaims < 64, "{counters:?}");
-    assert!(counters.reclaims + counters.skipped_reclaims == n);
+    // Growth reclaims run each time the engine's reserved memory has grown by 1/GROWTH_STEP;
+    // with every parameter adding the same ~10 MiB, the slice counts at those points form a
+    // geometric series summing to about (GROWTH_STEP + 1) x n.
+    let growths = GROWTH_STEP as f64 * (n as f64).ln();
+    assert!(counters.growth_reclaims > 0, "{counters:?}");
+    assert!(
+        counters.growth_reclaims as f64 <= growths + 1.0,
+        "{counters:?}"
+    );
+    assert!(
+        counters.reclaim_work <= (CREDIT_PER_RESERVE + GROWTH_STEP + 1) * n,
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.reclaims + counters.growth_reclaims + counters.skipped_reclaims,
+        n
+    );
     assert_eq!(device.counters().allocs, n);
     drop(params);
 }
@@ -176,10 +193,14 @@ fn out_of_memory_reclaims_unconditionally_then_succeeds() {
         .map(|_| memory.reserve(12 * MIB).expect("reserve"))
         .collect();
     assert_eq!(device.bytes_in_use(), 96 * MIB);
+    // A reclaim while every slice is live returns nothing, but marks the engine's reserved
+    // memory (96 MiB): no growth since then, so no growth reclaim below.
+    memory.reclaim();
     drop(held);
 
-    // The ninth would-grow miss finds the budget short (8 slices to scan, 7 credits), so it
-    // goes to the engine without reclaiming; the device is full of CubeCL's free slices and the
+    // The ninth would-grow miss finds the budget short (8 slices to scan, 7 credits) and no
+    // growth of reserved memory since the last reclaim, so it goes to the engine without
+    // reclaiming; the device is full of CubeCL's free slices and the
     // engine has nothing cached: it fails. The stream then reclaims unconditionally and the
     // engine frees the returned segments and retries.
     let handle = memory
@@ -222,4 +243,65 @@ fn a_hopeless_request_fails_with_the_engines_numbers_and_the_stream_keeps_workin
     let small = memory.reserve(4096).expect("the stream still works");
     drop(small);
     drop(live);
+}
+
+/// The engine's recorded inputs, as (op, allocation id, size) triples.
+fn recorded_inputs(allocator: &CachingAllocator<SimDevice>) -> Vec<(&'static str, u64, u64)> {
+    allocator
+        .trace()
+        .events
+        .iter()
+        .filter_map(|event| match *event {
+            TraceEvent::Malloc { id, size, .. } => Some(("malloc", id, size)),
+            TraceEvent::FreeRequested { id } => Some(("free", id, 0)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn recording_engine() -> Arc<CachingAllocator<SimDevice>> {
+    let config = AllocatorConfig {
+        record_history: true,
+        ..AllocatorConfig::default()
+    };
+    Arc::new(CachingAllocator::new(SimDevice::new(64 * MIB), config))
+}
+
+#[test]
+fn amortised_policy_hides_exact_size_reuse_from_the_engine() {
+    let allocator = recording_engine();
+    let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props());
+    assert_eq!(memory.policy(), ReclaimPolicy::Amortised);
+
+    drop(memory.reserve(1024).expect("reserve"));
+    let _again = memory.reserve(1024).expect("reserve");
+    // CubeCL's persistent pool served the second tensor from the first one's free slice.
+    assert_eq!(recorded_inputs(&allocator), vec![("malloc", 1, 1024)]);
+}
+
+#[test]
+fn every_reserve_policy_shows_the_engine_every_tensor_and_its_release() {
+    let allocator = recording_engine();
+    let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props())
+        .with_policy(ReclaimPolicy::EveryReserve);
+
+    let kept = memory.reserve(3072).expect("reserve");
+    drop(memory.reserve(1024).expect("reserve"));
+    let _again = memory.reserve(1024).expect("reserve");
+    // The released tensor is freed to the engine at the next reservation, before it; the kept
+    // one never is.
+    assert_eq!(
+        recorded_inputs(&allocator),
+        vec![
+            ("malloc", 1, 3072),
+            ("malloc", 2, 1024),
+            ("free", 2, 0),
+            ("malloc", 3, 1024),
+        ]
+    );
+    let counters = memory.counters();
+    assert_eq!(counters.reserves, 3);
+    assert_eq!(counters.reclaims, 3);
+    assert_eq!(memory.manager().storage().blocks(), 2);
+    drop(kept);
 }

@@ -164,6 +164,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         self.engine.lock().stats.clone()
     }
 
+    /// Bytes the engine holds in device segments now (`stats().memory_reserved()`, without
+    /// copying the statistics).
+    pub fn memory_reserved(&self) -> u64 {
+        self.engine.lock().stats.memory_reserved()
+    }
+
     pub fn reset_peak_stats(&self) {
         self.engine.lock().stats.reset_peak();
     }

@@ -109,13 +109,14 @@ pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
     let c = &stats.cubecl;
     format!(
         "{}\nCubeCL layer: {} live slices, {} B of live tensors, {} B cached in free slices \
-         (exact-size reuse), {} reclaims ({} skipped by the amortisation budget, {} after \
-         out-of-memory)\nEngine layer: {} B reserved in segments, {} B cached in free blocks\n",
+         (exact-size reuse), {} reclaims (+{} on growth of reserved memory, {} skipped, {} \
+         after out-of-memory)\nEngine layer: {} B reserved in segments, {} B cached in free blocks\n",
         entry.allocator.summary(),
         c.live_slices,
         c.live_bytes,
         c.cached_bytes(),
         c.reclaim.reclaims,
+        c.reclaim.growth_reclaims,
         c.reclaim.skipped_reclaims,
         c.reclaim.oom_reclaims,
         stats.memory_reserved(),
@@ -156,13 +157,8 @@ pub fn set_per_process_memory_fraction<Dev: CachingDevice>(
 pub enum TraceError {
     #[error("{TRACE_ENV} is not set: there is no trace path")]
     NoPath,
-    #[error("cannot write the trace to {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("cannot serialise the trace: {0}")]
-    Json(#[from] serde_json::Error),
+    #[error("cannot write the trace: {0}")]
+    File(#[from] crate::alloc::TraceFileError),
 }
 
 /// Writes `device`'s engine trace (JSON) to the path in `BURN_CACHING_ALLOC_TRACE` and returns
@@ -175,12 +171,7 @@ pub fn write_trace<Dev: CachingDevice>(device: &Dev) -> Result<PathBuf, TraceErr
     Ok(path)
 }
 
-/// Writes `device`'s engine trace (JSON) to `path`.
+/// Writes `device`'s engine trace (JSON) to `path`, gzipped when `path` ends in `.gz`.
 pub fn write_trace_to<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(), TraceError> {
-    let trace = settled(device).1.allocator.trace();
-    let json = serde_json::to_vec(&trace)?;
-    std::fs::write(path, json).map_err(|source| TraceError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(settled(device).1.allocator.trace().write_file(path)?)
 }

@@ -66,6 +66,7 @@ impl CachingMemoryStats {
             ("cubecl.reserves", c.reclaim.reserves),
             ("cubecl.would_grow", c.reclaim.would_grow),
             ("cubecl.reclaims", c.reclaim.reclaims),
+            ("cubecl.growth_reclaims", c.reclaim.growth_reclaims),
             ("cubecl.skipped_reclaims", c.reclaim.skipped_reclaims),
             ("cubecl.oom_reclaims", c.reclaim.oom_reclaims),
             ("cubecl.reclaim_work", c.reclaim.reclaim_work),

@@ -15,6 +15,9 @@ pub struct RunOutcome {
     pub report: TrainReport,
     /// The allocator's `memory_summary` (caching backends only).
     pub summary: Option<String>,
+    /// Where the engine's trace was written (caching backends, when
+    /// `BURN_CACHING_ALLOC_TRACE` is set).
+    pub trace: Option<std::path::PathBuf>,
 }
 
 /// Why a run did not happen or did not finish.
@@ -26,6 +29,9 @@ pub enum RunError {
     /// Training failed.
     #[error(transparent)]
     Train(#[from] TrainError),
+    /// Training finished but the trace asked for could not be written.
+    #[error(transparent)]
+    Trace(#[from] crate::backend::TraceError),
 }
 
 /// Trains on `choice` (after resolving `auto`) and returns the report.
@@ -70,6 +76,7 @@ fn stock_wgpu(
     Ok(RunOutcome {
         report,
         summary: None,
+        trace: None,
     })
 }
 
@@ -91,6 +98,7 @@ fn stock_cuda(
     Ok(RunOutcome {
         report,
         summary: None,
+        trace: None,
     })
 }
 
@@ -143,7 +151,8 @@ where
     B: burn::tensor::backend::AutodiffBackend,
     B::Device: crate::backend::CachingDevice,
 {
-    use crate::backend::{memory_stats, memory_summary};
+    use crate::backend::{memory_stats, memory_summary, write_trace};
+    use crate::runtime::server::TRACE_ENV;
 
     let stats_device = device.clone();
     let summary_device = device.clone();
@@ -154,7 +163,15 @@ where
     let report =
         super::train::train::<B>(&device, name, train, test, config, &mut probe, observer)?;
     let summary = probe.summary();
-    Ok(RunOutcome { report, summary })
+    let trace = match std::env::var_os(TRACE_ENV) {
+        Some(_) => Some(write_trace(&device)?),
+        None => None,
+    };
+    Ok(RunOutcome {
+        report,
+        summary,
+        trace,
+    })
 }
 
 // Backends whose feature is off: `unavailable_reason` already refused them,

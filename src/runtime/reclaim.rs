@@ -18,8 +18,23 @@
 //! (each time the count has grown by a quarter); in steady training, where the slice count is
 //! stable, a reclaim is affordable every `slices / CREDIT_PER_RESERVE` reservations.
 //!
+//! The budget alone lets a stream with many live slices (a large model) grow for a long time
+//! between reclaims while its churning activations leave free slices of odd sizes behind. So a
+//! would-grow miss the budget cannot pay for still reclaims when the engine's reserved memory
+//! has grown by 1/[`GROWTH_STEP`] since the stream's last reclaim: the number of such reclaims
+//! is bounded by the growth of device memory (about `GROWTH_STEP` x ln(growth factor) while
+//! memory only grows), and each one stands in front of a device allocation anyway. On the
+//! replay's many-parameters trace this takes the stack from 1.9x to 1.4x the engine's peak.
+//!
 //! On a real failure (the engine's own out-of-memory path already ran) the stream reclaims
 //! unconditionally and retries once: an out-of-memory error is rare, and worth a full scan.
+//!
+//! While the engine records its history ([`ReclaimPolicy::EveryReserve`]), the stream reclaims
+//! before every reservation instead: CubeCL's exact-size reuse is bypassed, so every tensor's
+//! reservation is an engine `malloc` and its release an engine `free` (seen at the next
+//! reservation, which is the first moment an allocator could reuse it). The recorded trace is
+//! then the workload itself, a fair input for any allocator, and not just what missed CubeCL's
+//! pool. This costs one walk of the stream's slices per reservation: a diagnostic mode.
 
 use std::sync::Arc;
 
@@ -33,6 +48,10 @@ use crate::device::{DeviceMemory, StreamId};
 
 /// Slice-visits of reclaim work each reservation pays for.
 pub const CREDIT_PER_RESERVE: u64 = 4;
+
+/// A would-grow miss reclaims even when the budget is short once the engine's reserved memory
+/// has grown by 1/`GROWTH_STEP` since the stream's last reclaim.
+pub const GROWTH_STEP: u64 = 32;
 
 /// The amortisation budget of one stream's reclaims.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,6 +81,16 @@ impl ReclaimBudget {
     }
 }
 
+/// When a stream hands CubeCL's free slices back to the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReclaimPolicy {
+    /// Only when the engine would otherwise grow, paid from the [`ReclaimBudget`].
+    #[default]
+    Amortised,
+    /// Before every reservation, so the engine sees every tensor (for recording traces).
+    EveryReserve,
+}
+
 /// What a stream's reservations did, for tests, benchmarks and the user-facing summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReclaimCounters {
@@ -69,9 +98,13 @@ pub struct ReclaimCounters {
     pub reserves: u64,
     /// Reservations that neither CubeCL's pool nor the engine's cache could serve.
     pub would_grow: u64,
-    /// Budgeted reclaims run before growing.
+    /// Reclaims run before a reservation (budgeted, or every one under
+    /// [`ReclaimPolicy::EveryReserve`]).
     pub reclaims: u64,
-    /// Would-grow misses that grew without a reclaim because the budget was short.
+    /// Would-grow misses the budget could not pay for, reclaimed anyway because the engine's
+    /// reserved memory had grown by 1/[`GROWTH_STEP`] since the stream's last reclaim.
+    pub growth_reclaims: u64,
+    /// Would-grow misses that grew without a reclaim.
     pub skipped_reclaims: u64,
     /// Unconditional reclaims run after an allocation failure.
     pub oom_reclaims: u64,
@@ -100,13 +133,17 @@ impl core::fmt::Display for ReserveError {
 /// One stream's memory: its persistent CubeCL manager over the engine, and its reclaim budget.
 pub struct StreamMemory<D: DeviceMemory> {
     manager: PersistentManager<D>,
+    policy: ReclaimPolicy,
     budget: ReclaimBudget,
+    /// The engine's reserved bytes after this stream's last reclaim.
+    reserved_mark: u64,
     counters: ReclaimCounters,
 }
 
 impl<D: DeviceMemory> core::fmt::Debug for StreamMemory<D> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("StreamMemory")
+            .field("policy", &self.policy)
             .field("budget", &self.budget)
             .field("counters", &self.counters)
             .finish()
@@ -114,7 +151,7 @@ impl<D: DeviceMemory> core::fmt::Debug for StreamMemory<D> {
 }
 
 impl<D: DeviceMemory> StreamMemory<D> {
-    /// The memory of engine stream `stream`.
+    /// The memory of engine stream `stream`, with the [`ReclaimPolicy::Amortised`] policy.
     pub fn new(
         allocator: Arc<CachingAllocator<D>>,
         stream: StreamId,
@@ -122,9 +159,22 @@ impl<D: DeviceMemory> StreamMemory<D> {
     ) -> Self {
         Self {
             manager: persistent_manager(allocator, stream, properties),
+            policy: ReclaimPolicy::Amortised,
             budget: ReclaimBudget::default(),
+            reserved_mark: 0,
             counters: ReclaimCounters::default(),
         }
+    }
+
+    /// The same memory with reclaim policy `policy`.
+    pub fn with_policy(mut self, policy: ReclaimPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// When this stream hands free slices back to the engine.
+    pub fn policy(&self) -> ReclaimPolicy {
+        self.policy
     }
 
     /// The CubeCL manager (to bind and resolve handles).
@@ -144,9 +194,15 @@ impl<D: DeviceMemory> StreamMemory<D> {
 
     /// Reserves `size` bytes: CubeCL's exact-size reuse, else a cached engine block, else a
     /// (budgeted) reclaim and an engine allocation that may grow; on failure an unconditional
-    /// reclaim and one retry.
+    /// reclaim and one retry. Under [`ReclaimPolicy::EveryReserve`]: a reclaim, then the
+    /// engine allocation.
     pub fn reserve(&mut self, size: u64) -> Result<ManagedMemoryHandle, ReserveError> {
         self.counters.reserves += 1;
+        if self.policy == ReclaimPolicy::EveryReserve {
+            self.counters.reclaims += 1;
+            self.reclaim();
+            return self.reserve_growing(size);
+        }
         self.budget.earn();
 
         self.manager.storage().set_growth(Growth::CacheOnly);
@@ -167,10 +223,17 @@ impl<D: DeviceMemory> StreamMemory<D> {
         if self.budget.try_spend(cost) {
             self.counters.reclaims += 1;
             self.reclaim();
+        } else if self.grew_past_mark() {
+            self.counters.growth_reclaims += 1;
+            self.reclaim();
         } else {
             self.counters.skipped_reclaims += 1;
         }
+        self.reserve_growing(size)
+    }
 
+    /// Reserves with engine growth allowed; on failure reclaims everything and retries once.
+    fn reserve_growing(&mut self, size: u64) -> Result<ManagedMemoryHandle, ReserveError> {
         match self.manager.reserve(size) {
             Ok(handle) => Ok(handle),
             Err(_) => {
@@ -193,9 +256,17 @@ impl<D: DeviceMemory> StreamMemory<D> {
         })
     }
 
+    /// Whether the engine's reserved memory grew by more than 1/[`GROWTH_STEP`] since this
+    /// stream last reclaimed.
+    fn grew_past_mark(&mut self) -> bool {
+        let reserved = self.manager.storage().allocator().memory_reserved();
+        reserved >= self.reserved_mark + self.reserved_mark / GROWTH_STEP
+    }
+
     /// Hands every free CubeCL slice of this stream back to the engine.
     pub fn reclaim(&mut self) {
         self.counters.reclaim_work += self.manager.storage().blocks() as u64;
         self.manager.cleanup(true);
+        self.reserved_mark = self.manager.storage().allocator().memory_reserved();
     }
 }

@@ -37,13 +37,15 @@ use cubecl_runtime::validation::{validate_cube_dim, validate_units};
 use parking_lot::Mutex;
 
 use super::driver::{Driver, Launch, LaunchCount, Resource};
-use super::reclaim::{ReclaimCounters, StreamMemory};
+use super::reclaim::{ReclaimCounters, ReclaimPolicy, StreamMemory};
 use super::registry::{self, CubeclLayerUsage, DeviceEntry};
 use crate::alloc::{AllocatorConfig, CachingAllocator};
 use crate::device::StreamId;
 
 /// Environment variable naming a file the engine's trace is written to by
-/// `backend::write_trace`; setting it also turns history recording on for every device opened.
+/// `backend::write_trace`; setting it also turns history recording on for every device opened,
+/// and with it [`ReclaimPolicy::EveryReserve`], so the trace holds every tensor's reservation
+/// and release.
 pub const TRACE_ENV: &str = "BURN_CACHING_ALLOC_TRACE";
 
 /// One CubeCL stream on the server.
@@ -127,12 +129,19 @@ impl<D: Driver> CachingServer<D> {
 
     fn stream(&mut self, id: CubeStreamId) -> &mut ServerStream<D> {
         if !self.streams.contains_key(&id) {
+            // A recording engine sees every tensor: see `ReclaimPolicy::EveryReserve`.
+            let policy = if self.allocator.config().record_history {
+                ReclaimPolicy::EveryReserve
+            } else {
+                ReclaimPolicy::Amortised
+            };
             let stream = ServerStream {
                 memory: StreamMemory::new(
                     self.allocator.clone(),
                     StreamId(id.value),
                     &self.memory_properties,
-                ),
+                )
+                .with_policy(policy),
                 driver: self.driver.create_stream(StreamId(id.value)),
                 errors: Vec::new(),
             };
@@ -276,6 +285,7 @@ fn add_counters(a: ReclaimCounters, b: ReclaimCounters) -> ReclaimCounters {
         reserves: a.reserves + b.reserves,
         would_grow: a.would_grow + b.would_grow,
         reclaims: a.reclaims + b.reclaims,
+        growth_reclaims: a.growth_reclaims + b.growth_reclaims,
         skipped_reclaims: a.skipped_reclaims + b.skipped_reclaims,
         oom_reclaims: a.oom_reclaims + b.oom_reclaims,
         reclaim_work: a.reclaim_work + b.reclaim_work,
