@@ -20,7 +20,7 @@ use super::config::AllocatorConfig;
 use super::error::AllocError;
 use super::events::PendingFree;
 use super::free_list::FreeList;
-use super::size::{PoolKind, round_size, segment_size};
+use super::size::{PoolKind, SMALL_BUFFER, round_size, segment_size};
 use super::stats::MemoryStats;
 use super::trace::{TraceEvent, TraceRing};
 use crate::device::{DeviceMemory, StreamId};
@@ -39,6 +39,9 @@ pub(crate) struct Engine<D: DeviceMemory> {
     pub next_allocation_id: u64,
     /// The device's total memory, asked once.
     device_total: Option<u64>,
+    /// The device's largest segment, asked once (a property of the device, and the miss path
+    /// needs it for every request).
+    max_segment: Option<u64>,
 }
 
 /// Whether a miss may allocate new device memory.
@@ -58,10 +61,12 @@ impl<D: DeviceMemory> Engine<D> {
             ..MemoryStats::default()
         };
         Self {
+            max_segment: device.max_segment_size(),
             device,
             config,
             blocks: Blocks::default(),
-            small: FreeList::default(),
+            // Small-pool blocks are at most one small segment: all of them in size classes.
+            small: FreeList::with_class_limit(SMALL_BUFFER),
             large: FreeList::default(),
             pending: Vec::new(),
             stats,
@@ -152,7 +157,7 @@ impl<D: DeviceMemory> Engine<D> {
             return Err(too_large(total));
         }
         let mut new_segment = segment_size(rounded);
-        if let Some(max) = self.device.max_segment_size()
+        if let Some(max) = self.max_segment
             && new_segment > max
         {
             if rounded > max {

@@ -81,7 +81,8 @@ pub trait DeviceMemory: Send + 'static {
     fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), DeviceError>;
     /// Hands an event back once the engine no longer needs it.
     fn release_event(&mut self, event: Self::Event);
-    /// The largest single segment the device can hold, if it has such a limit.
+    /// The largest single segment the device can hold, if it has such a limit. A property of
+    /// the device: the engine asks once, when it is created.
     fn max_segment_size(&self) -> Option<u64> {
         None
     }

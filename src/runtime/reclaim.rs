@@ -20,11 +20,14 @@
 //!
 //! The budget alone lets a stream with many live slices (a large model) grow for a long time
 //! between reclaims while its churning activations leave free slices of odd sizes behind. So a
-//! would-grow miss the budget cannot pay for still reclaims when the engine's reserved memory
-//! has grown by 1/[`GROWTH_STEP`] since the stream's last reclaim: the number of such reclaims
-//! is bounded by the growth of device memory (about `GROWTH_STEP` x ln(growth factor) while
-//! memory only grows), and each one stands in front of a device allocation anyway. On the
-//! replay's many-parameters trace this takes the stack from 1.9x to 1.4x the engine's peak.
+//! would-grow miss the budget cannot pay for still reclaims when (a) CubeCL has reused a freed
+//! slice since the stream's last reclaim, the sign that tensors are being dropped, and (b) the
+//! engine's reserved memory has grown by 1/[`GROWTH_STEP`] since then. (a) keeps loading a
+//! model, where nothing is dropped and a walk would find nothing, at the budget's cost; (b)
+//! bounds the number of such walks by the growth of device memory (about `GROWTH_STEP` x
+//! ln(growth factor) while memory only grows), and each one stands in front of a device
+//! allocation anyway. On the replay's many-parameters trace this takes the stack from 1.9x to
+//! 1.45x the engine's peak reserved memory.
 //!
 //! On a real failure (the engine's own out-of-memory path already ran) the stream reclaims
 //! unconditionally and retries once: an out-of-memory error is rare, and worth a full scan.
@@ -49,8 +52,9 @@ use crate::device::{DeviceMemory, StreamId};
 /// Slice-visits of reclaim work each reservation pays for.
 pub const CREDIT_PER_RESERVE: u64 = 4;
 
-/// A would-grow miss reclaims even when the budget is short once the engine's reserved memory
-/// has grown by 1/`GROWTH_STEP` since the stream's last reclaim.
+/// A would-grow miss of a stream that is dropping tensors reclaims even when the budget is
+/// short once the engine's reserved memory has grown by 1/`GROWTH_STEP` since the stream's
+/// last reclaim.
 pub const GROWTH_STEP: u64 = 32;
 
 /// The amortisation budget of one stream's reclaims.
@@ -101,8 +105,9 @@ pub struct ReclaimCounters {
     /// Reclaims run before a reservation (budgeted, or every one under
     /// [`ReclaimPolicy::EveryReserve`]).
     pub reclaims: u64,
-    /// Would-grow misses the budget could not pay for, reclaimed anyway because the engine's
-    /// reserved memory had grown by 1/[`GROWTH_STEP`] since the stream's last reclaim.
+    /// Would-grow misses the budget could not pay for, reclaimed anyway because CubeCL had
+    /// reused a freed slice and the engine's reserved memory had grown by 1/[`GROWTH_STEP`]
+    /// since the stream's last reclaim.
     pub growth_reclaims: u64,
     /// Would-grow misses that grew without a reclaim.
     pub skipped_reclaims: u64,
@@ -137,6 +142,9 @@ pub struct StreamMemory<D: DeviceMemory> {
     budget: ReclaimBudget,
     /// The engine's reserved bytes after this stream's last reclaim.
     reserved_mark: u64,
+    /// Whether CubeCL reused a freed slice since the last reclaim (so tensors are being
+    /// dropped, and free slices of other sizes may be waiting).
+    reuse_seen: bool,
     counters: ReclaimCounters,
 }
 
@@ -162,6 +170,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
             policy: ReclaimPolicy::Amortised,
             budget: ReclaimBudget::default(),
             reserved_mark: 0,
+            reuse_seen: false,
             counters: ReclaimCounters::default(),
         }
     }
@@ -205,12 +214,19 @@ impl<D: DeviceMemory> StreamMemory<D> {
         }
         self.budget.earn();
 
+        let blocks = self.manager.storage().blocks();
         self.manager.storage().set_growth(Growth::CacheOnly);
         let first = self.manager.reserve(size);
         self.manager.storage().set_growth(Growth::Allowed);
         let refused = self.manager.storage().take_refused();
         match first {
-            Ok(handle) => return Ok(handle),
+            Ok(handle) => {
+                // No new engine block: CubeCL reused a slice a dropped tensor left free.
+                if self.manager.storage().blocks() == blocks {
+                    self.reuse_seen = true;
+                }
+                return Ok(handle);
+            }
             Err(io) if !refused => {
                 let engine = self.manager.storage().take_error();
                 return Err(ReserveError { io, engine });
@@ -223,7 +239,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
         if self.budget.try_spend(cost) {
             self.counters.reclaims += 1;
             self.reclaim();
-        } else if self.grew_past_mark() {
+        } else if self.reuse_seen && self.grew_past_mark() {
             self.counters.growth_reclaims += 1;
             self.reclaim();
         } else {
@@ -268,5 +284,6 @@ impl<D: DeviceMemory> StreamMemory<D> {
         self.counters.reclaim_work += self.manager.storage().blocks() as u64;
         self.manager.cleanup(true);
         self.reserved_mark = self.manager.storage().allocator().memory_reserved();
+        self.reuse_seen = false;
     }
 }
