@@ -20,7 +20,13 @@ use super::config::AllocatorConfig;
 use super::error::AllocError;
 use super::events::PendingFree;
 use super::free_list::FreeList;
-use super::size::{PoolKind, SMALL_BUFFER, round_size, segment_size};
+use super::size::{
+    MIB, MIN_BLOCK_SIZE, PoolKind, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size,
+};
+
+/// The largest large-pool block size kept in size classes (1.5 MiB of class vectors per
+/// stream); larger free blocks live in an ordered map.
+const LARGE_CLASS_LIMIT: u64 = 32 * MIB;
 use super::stats::MemoryStats;
 use super::trace::{TraceEvent, TraceRing};
 use crate::device::{DeviceMemory, StreamId};
@@ -66,8 +72,10 @@ impl<D: DeviceMemory> Engine<D> {
             config,
             blocks: Blocks::default(),
             // Small-pool blocks are at most one small segment: all of them in size classes.
-            small: FreeList::with_class_limit(SMALL_BUFFER),
-            large: FreeList::default(),
+            small: FreeList::with_classes(MIN_BLOCK_SIZE, SMALL_BUFFER),
+            // Large-pool blocks are over 1 MiB; classes hold the 20 MiB segments and their
+            // splits, the ordered map anything larger.
+            large: FreeList::with_classes(SMALL_SIZE + MIN_BLOCK_SIZE, LARGE_CLASS_LIMIT),
             pending: Vec::new(),
             stats,
             history,

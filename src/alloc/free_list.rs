@@ -3,15 +3,17 @@
 //! Best fit is the smallest free block of the stream at least as large as the request, the
 //! lowest address among blocks of that size. Two stores give it:
 //!
-//! - size classes, for sizes that are multiples of [`MIN_BLOCK_SIZE`] up to the list's class
-//!   limit (the small pool's 2 MiB segment): per stream, one address-ordered vector per size
-//!   and a bitmap of the sizes that have a free block. Best fit scans at most
-//!   `limit / MIN_BLOCK_SIZE / 64` bitmap words and reads the first entry; insert and remove
-//!   are a binary search in one vector. This is the small pool's hot path, where an ordered
-//!   map spent most of the engine's time;
-//! - an ordered map keyed by (stream, size, address) for every other size (the large pool).
+//! - size classes, for sizes that are multiples of [`MIN_BLOCK_SIZE`] in the list's class
+//!   range (the small pool: up to its 2 MiB segment; the large pool: up to 32 MiB, which holds
+//!   its 20 MiB segments and their splits): per stream, one address-ordered vector per size
+//!   and a two-level bitmap of the sizes that have a free block. Best fit reads a few bitmap
+//!   words and the first entry of a vector; insert and remove are a binary search in one
+//!   vector. An ordered map here was about half of the engine's time;
+//! - an ordered map keyed by (stream, size, address) for every other size.
 //!
-//! A query consults both and takes the better candidate, so the split is invisible outside.
+//! Block sizes are multiples of [`MIN_BLOCK_SIZE`], so in practice the map holds only sizes
+//! above the class range and a class candidate is the best fit when there is one; a count of
+//! map entries inside the range keeps the answer exact for any other size too.
 
 use std::collections::BTreeMap;
 
@@ -26,98 +28,132 @@ struct Key {
     address: u64,
 }
 
-/// One stream's size classes: class `c` holds the free blocks of `c * MIN_BLOCK_SIZE` bytes.
+/// One stream's size classes: class `c` holds the free blocks of `c * MIN_BLOCK_SIZE` bytes,
+/// stored at index `c - first`.
 #[derive(Debug)]
 struct Classes {
     stream: StreamId,
-    /// Bit `c` is set when class `c` holds a block.
+    first: usize,
+    /// Bit `i` is set when index `i` holds a block.
     occupied: Vec<u64>,
-    /// (address, block) per class, in address order.
+    /// Bit `w` is set when word `w` of `occupied` is not zero.
+    summary: Vec<u64>,
+    /// (address, block) per index, in address order.
     blocks: Vec<Vec<(u64, BlockId)>>,
 }
 
 impl Classes {
-    fn new(stream: StreamId, classes: usize) -> Self {
+    fn new(stream: StreamId, first: usize, count: usize) -> Self {
+        let words = count.div_ceil(64);
         Self {
             stream,
-            occupied: vec![0; classes.div_ceil(64)],
-            blocks: (0..classes).map(|_| Vec::new()).collect(),
+            first,
+            occupied: vec![0; words],
+            summary: vec![0; words.div_ceil(64)],
+            blocks: (0..count).map(|_| Vec::new()).collect(),
         }
     }
 
-    /// The first class at or above `from` that holds a block.
+    /// The first index at or above `from` that holds a block.
     fn first_occupied(&self, from: usize) -> Option<usize> {
-        let mut word = from / 64;
-        let mut bits = *self.occupied.get(word)? & (u64::MAX << (from % 64));
+        let word = from / 64;
+        let bits = *self.occupied.get(word)? & (u64::MAX << (from % 64));
+        if bits != 0 {
+            return Some(word * 64 + bits.trailing_zeros() as usize);
+        }
+        let next = word + 1;
+        let mut top = next / 64;
+        let mut words = *self.summary.get(top)? & (u64::MAX << (next % 64));
         loop {
-            if bits != 0 {
-                return Some(word * 64 + bits.trailing_zeros() as usize);
+            if words != 0 {
+                let word = top * 64 + words.trailing_zeros() as usize;
+                return Some(word * 64 + self.occupied[word].trailing_zeros() as usize);
             }
-            word += 1;
-            bits = *self.occupied.get(word)?;
+            top += 1;
+            words = *self.summary.get(top)?;
         }
     }
 
     fn insert(&mut self, class: usize, address: u64, block: BlockId) {
-        let list = &mut self.blocks[class];
+        let index = class - self.first;
+        let list = &mut self.blocks[index];
         let at = list.partition_point(|&(a, _)| a < address);
         debug_assert!(
             list.get(at).is_none_or(|&(a, _)| a != address),
             "block inserted twice in a free list"
         );
         list.insert(at, (address, block));
-        self.occupied[class / 64] |= 1 << (class % 64);
+        self.occupied[index / 64] |= 1 << (index % 64);
+        self.summary[index / 4096] |= 1 << ((index / 64) % 64);
     }
 
     fn remove(&mut self, class: usize, address: u64) -> Option<BlockId> {
-        let list = &mut self.blocks[class];
+        let index = class - self.first;
+        let list = &mut self.blocks[index];
         let at = list.binary_search_by_key(&address, |&(a, _)| a).ok()?;
         let (_, block) = list.remove(at);
         if list.is_empty() {
-            self.occupied[class / 64] &= !(1 << (class % 64));
+            let word = &mut self.occupied[index / 64];
+            *word &= !(1 << (index % 64));
+            if *word == 0 {
+                self.summary[index / 4096] &= !(1 << ((index / 64) % 64));
+            }
         }
         Some(block)
     }
 
     /// Every block, by size then address.
     fn iter(&self) -> impl Iterator<Item = (u64, u64, BlockId)> + '_ {
-        self.blocks.iter().enumerate().flat_map(|(class, list)| {
-            list.iter()
-                .map(move |&(address, block)| (class as u64 * MIN_BLOCK_SIZE, address, block))
-        })
+        let first = self.first;
+        self.blocks
+            .iter()
+            .enumerate()
+            .flat_map(move |(index, list)| {
+                let size = (first + index) as u64 * MIN_BLOCK_SIZE;
+                list.iter()
+                    .map(move |&(address, block)| (size, address, block))
+            })
     }
 }
 
 #[derive(Debug)]
 pub(crate) struct FreeList {
-    /// Largest size kept in classes (0: none).
-    class_limit: u64,
+    /// Sizes kept in classes: `min_size..=max_size` (empty when `max_size` is 0).
+    min_size: u64,
+    max_size: u64,
     /// Per stream, in stream order.
     classes: Vec<Classes>,
     ordered: BTreeMap<Key, BlockId>,
+    /// Entries of `ordered` no larger than `max_size` (0 in practice).
+    ordered_in_range: usize,
 }
 
 impl Default for FreeList {
     fn default() -> Self {
-        Self::with_class_limit(0)
+        Self::with_classes(MIN_BLOCK_SIZE, 0)
     }
 }
 
 impl FreeList {
-    /// A free list keeping sizes up to `class_limit` (a multiple of [`MIN_BLOCK_SIZE`]) in
-    /// size classes and every other size in the ordered map.
-    pub fn with_class_limit(class_limit: u64) -> Self {
-        debug_assert!(class_limit.is_multiple_of(MIN_BLOCK_SIZE));
+    /// A free list keeping sizes from `min_size` to `max_size` (multiples of
+    /// [`MIN_BLOCK_SIZE`]) in size classes and every other size in the ordered map.
+    pub fn with_classes(min_size: u64, max_size: u64) -> Self {
+        let min_size = min_size
+            .next_multiple_of(MIN_BLOCK_SIZE)
+            .max(MIN_BLOCK_SIZE);
+        debug_assert!(max_size.is_multiple_of(MIN_BLOCK_SIZE));
         Self {
-            class_limit,
+            min_size,
+            max_size,
             classes: Vec::new(),
             ordered: BTreeMap::new(),
+            ordered_in_range: 0,
         }
     }
 
     /// The size class of `size`, if sizes like it are kept in classes.
     fn class_of(&self, size: u64) -> Option<usize> {
-        (size > 0 && size <= self.class_limit && size.is_multiple_of(MIN_BLOCK_SIZE))
+        (size >= self.min_size && size <= self.max_size && size.is_multiple_of(MIN_BLOCK_SIZE))
             .then_some((size / MIN_BLOCK_SIZE) as usize)
     }
 
@@ -127,6 +163,7 @@ impl FreeList {
 
     pub fn insert(&mut self, stream: StreamId, size: u64, address: u64, block: BlockId) {
         let Some(class) = self.class_of(size) else {
+            self.ordered_in_range += usize::from(size <= self.max_size);
             let previous = self.ordered.insert(
                 Key {
                     stream,
@@ -140,8 +177,9 @@ impl FreeList {
         };
         let at = self.classes.partition_point(|c| c.stream < stream);
         if self.classes.get(at).is_none_or(|c| c.stream != stream) {
-            let count = (self.class_limit / MIN_BLOCK_SIZE) as usize + 1;
-            self.classes.insert(at, Classes::new(stream, count));
+            let first = (self.min_size / MIN_BLOCK_SIZE) as usize;
+            let count = (self.max_size / MIN_BLOCK_SIZE) as usize + 1 - first;
+            self.classes.insert(at, Classes::new(stream, first, count));
         }
         self.classes[at].insert(class, address, block);
     }
@@ -153,26 +191,39 @@ impl FreeList {
                 .iter_mut()
                 .find(|c| c.stream == stream)?
                 .remove(class, address),
-            None => self.ordered.remove(&Key {
-                stream,
-                size,
-                address,
-            }),
+            None => {
+                let removed = self.ordered.remove(&Key {
+                    stream,
+                    size,
+                    address,
+                });
+                if removed.is_some() && size <= self.max_size {
+                    self.ordered_in_range -= 1;
+                }
+                removed
+            }
         }
     }
 
     /// The smallest free block of `stream` of at least `size` bytes (the lowest address among
     /// equals): (its size, its id).
     pub fn best_fit(&self, stream: StreamId, size: u64) -> Option<(u64, BlockId)> {
-        let classed = (size <= self.class_limit)
+        let classed = (size <= self.max_size)
             .then(|| self.stream_classes(stream))
             .flatten()
             .and_then(|classes| {
-                let from = size.div_ceil(MIN_BLOCK_SIZE).max(1) as usize;
-                let class = classes.first_occupied(from)?;
-                let (address, block) = classes.blocks[class][0];
-                Some((class as u64 * MIN_BLOCK_SIZE, address, block))
+                let class = size
+                    .div_ceil(MIN_BLOCK_SIZE)
+                    .max(self.min_size / MIN_BLOCK_SIZE);
+                let index = classes.first_occupied(class as usize - classes.first)?;
+                let (address, block) = classes.blocks[index][0];
+                let size = (classes.first + index) as u64 * MIN_BLOCK_SIZE;
+                Some((size, address, block))
             });
+        // Every map entry is then larger than any class: the class candidate is the best.
+        if classed.is_some() && self.ordered_in_range == 0 {
+            return classed.map(|(size, _, block)| (size, block));
+        }
         let ordered = if self.ordered.is_empty() {
             None
         } else {
@@ -233,24 +284,28 @@ impl FreeList {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::size::{MIB, SMALL_BUFFER, SMALL_SIZE};
 
     const S0: StreamId = StreamId(0);
     const S1: StreamId = StreamId(1);
-    const LIMIT: u64 = 2 << 20;
 
-    /// The same list kept entirely in the ordered map, as the reference.
-    fn both() -> (FreeList, FreeList) {
-        (FreeList::with_class_limit(LIMIT), FreeList::default())
+    /// The engine's two configurations.
+    fn small() -> FreeList {
+        FreeList::with_classes(MIN_BLOCK_SIZE, SMALL_BUFFER)
+    }
+
+    fn large() -> FreeList {
+        FreeList::with_classes(SMALL_SIZE + MIN_BLOCK_SIZE, 32 * MIB)
     }
 
     #[test]
     fn best_fit_takes_the_smallest_fitting_size_then_the_lowest_address() {
-        for mut list in [FreeList::with_class_limit(LIMIT), FreeList::default()] {
+        for mut list in [small(), FreeList::default()] {
             list.insert(S0, 4096, 9000, 1);
             list.insert(S0, 2048, 7000, 2);
             list.insert(S0, 2048, 5000, 3);
             list.insert(S1, 1024, 100, 4);
-            list.insert(S0, 8 << 20, 1 << 30, 5); // beyond the class limit
+            list.insert(S0, 8 << 20, 1 << 30, 5); // beyond the class range
             assert_eq!(list.best_fit(S0, 1024), Some((2048, 3)));
             assert_eq!(list.best_fit(S0, 2048), Some((2048, 3)));
             assert_eq!(list.best_fit(S0, 2049), Some((4096, 1)));
@@ -268,8 +323,27 @@ mod tests {
     }
 
     #[test]
-    fn classes_and_the_map_agree_on_every_query_of_a_random_history() {
-        let (mut classed, mut reference) = both();
+    fn the_bitmap_finds_blocks_across_words_and_summary_words() {
+        let mut list = large();
+        // Classes far apart: more than one summary word (4096 classes each) between them.
+        let near = SMALL_SIZE + MIN_BLOCK_SIZE;
+        let far = 30 * MIB;
+        list.insert(S0, far, 1 << 40, 1);
+        assert_eq!(list.best_fit(S0, near), Some((far, 1)));
+        list.insert(S0, near, 1 << 30, 2);
+        assert_eq!(list.best_fit(S0, 1), Some((near, 2)));
+        assert_eq!(list.best_fit(S0, near + 1), Some((far, 1)));
+        assert_eq!(list.remove(S0, far, 1 << 40), Some(1));
+        assert_eq!(list.best_fit(S0, near + 1), None);
+        assert_eq!(list.best_fit(S0, 32 * MIB), None);
+        list.insert(S0, 32 * MIB, 1 << 41, 3);
+        assert_eq!(list.best_fit(S0, near + 1), Some((32 * MIB, 3)));
+    }
+
+    /// Random inserts, removes and best-fit queries against the same list kept entirely in
+    /// the ordered map.
+    fn agree_with_the_map(mut classed: FreeList, sizes: impl Fn(u64, u64) -> u64, max_want: u64) {
+        let mut reference = FreeList::default();
         let mut live: Vec<(StreamId, u64, u64)> = Vec::new();
         let mut state = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = |bound: u64| {
@@ -281,12 +355,7 @@ mod tests {
         for step in 0..20_000u64 {
             if live.is_empty() || next(3) > 0 {
                 let stream = StreamId(next(3));
-                // Mostly class sizes, sometimes beyond the limit or not a class multiple.
-                let size = match next(10) {
-                    0 => LIMIT + 512 * (1 + next(64)),
-                    1 => 1 + next(LIMIT),
-                    _ => 512 * (1 + next(LIMIT / 512)),
-                };
+                let size = sizes(next(10), next(1 << 40));
                 let address = step * 4096 + next(4096);
                 classed.insert(stream, size, address, step as usize);
                 reference.insert(stream, size, address, step as usize);
@@ -299,7 +368,7 @@ mod tests {
                 );
             }
             let stream = StreamId(next(3));
-            let want = 1 + next(LIMIT + 64 * 512);
+            let want = 1 + next(max_want);
             assert_eq!(
                 classed.best_fit(stream, want),
                 reference.best_fit(stream, want),
@@ -319,5 +388,34 @@ mod tests {
         b.sort_unstable();
         assert_eq!(a, b);
         assert_eq!(a.len(), live.len());
+    }
+
+    #[test]
+    fn small_classes_agree_with_the_map_on_a_random_history() {
+        // Mostly class sizes, sometimes beyond the range or not a class multiple.
+        agree_with_the_map(
+            small(),
+            |kind, r| match kind {
+                0 => SMALL_BUFFER + 512 * (1 + r % 64),
+                1 => 1 + r % SMALL_BUFFER,
+                _ => 512 * (1 + r % (SMALL_BUFFER / 512)),
+            },
+            SMALL_BUFFER + 64 * 512,
+        );
+    }
+
+    #[test]
+    fn large_classes_agree_with_the_map_on_a_random_history() {
+        // Mostly class sizes, sometimes below or beyond the range or not a class multiple.
+        agree_with_the_map(
+            large(),
+            |kind, r| match kind {
+                0 => 32 * MIB + 512 * (1 + r % 4096),
+                1 => 512 * (1 + r % 2048),
+                2 => 1 + r % (32 * MIB),
+                _ => SMALL_SIZE + 512 * (1 + r % (31 * MIB / 512)),
+            },
+            34 * MIB,
+        );
     }
 }
