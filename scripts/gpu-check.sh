@@ -6,6 +6,7 @@
 #   $OUT/results.tsv       step, status (pass/fail/skip), seconds, passed, failed, ignored, log
 #   $OUT/logs/*.log        full output of every step
 #   $OUT/mnist-report.json, $OUT/mnist-timeline.svg   the MNIST comparison (when it ran)
+#   $OUT/replay.json, $OUT/replay-cuda.svg   the replay of the built-in traces on the device
 #
 # Steps: every test binary (GPU tests skip themselves with a reason where CUDA is missing),
 # CubeCL's conformance suite on CachingCudaRuntime, the seed walkthrough on the device, the
@@ -162,7 +163,7 @@ fi
 
 if path=$(binary example replay); then
     if "$path" --help 2>&1 | grep -q -- '--device'; then
-        run_step replay "$path" --device cuda --json "$OUT/replay.json"
+        run_step replay "$path" --device cuda --runs 3 --json "$OUT/replay.json" --svg "$OUT/replay-cuda.svg"
         if [ $? -eq 0 ]; then verdict=pass; else verdict=fail; fi
         record replay "$verdict" "$STEP_SECONDS" "" "" "" logs/replay.log
     else
@@ -201,6 +202,12 @@ done
         echo '```'
         tail -n 40 "$OUT/logs/mnist.log"
         echo '```'
+    fi
+    if grep -q '^| trace | allocator' "$OUT/logs/replay.log" 2>/dev/null; then
+        echo
+        echo "Replay on the CUDA device (real cuMemAlloc/cuMemFree):"
+        echo
+        grep '^|' "$OUT/logs/replay.log"
     fi
     if [ -s "$OUT/conformance-failures.txt" ]; then
         echo

@@ -10,12 +10,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cubecl_common::backtrace::BackTrace;
 use cubecl_runtime::server::IoError;
 use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
 use parking_lot::Mutex;
 
 use crate::device::{DeviceError, DeviceMemory, DeviceSegment, StreamId};
+use crate::runtime::storage::storage_error;
 
 /// A device shared by the storages of several streams (one CubeCL manager per stream).
 pub type SharedDevice<D> = Arc<Mutex<D>>;
@@ -110,16 +110,8 @@ impl<D: DeviceMemory> ComputeStorage for DeviceStorage<D> {
                 ))
             }
             Err(err) => {
-                let io = match &err {
-                    DeviceError::TooLarge { .. } => IoError::BufferTooBig {
-                        size,
-                        backtrace: BackTrace::capture(),
-                    },
-                    other => IoError::Unknown {
-                        description: format!("device: {other}"),
-                        backtrace: BackTrace::capture(),
-                    },
-                };
+                let too_large = matches!(err, DeviceError::TooLarge { .. });
+                let io = storage_error(size, too_large, format_args!("device: {err}"));
                 self.last_error = Some(err);
                 Err(io)
             }

@@ -178,16 +178,8 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
                 })
             }
             Err(err) => {
-                let io = match &err {
-                    AllocError::TooLarge { .. } => IoError::BufferTooBig {
-                        size,
-                        backtrace: BackTrace::capture(),
-                    },
-                    other => IoError::Unknown {
-                        description: format!("caching allocator: {other}"),
-                        backtrace: BackTrace::capture(),
-                    },
-                };
+                let too_large = matches!(err, AllocError::TooLarge { .. });
+                let io = storage_error(size, too_large, format_args!("caching allocator: {err}"));
                 self.last_error = Some(err);
                 Err(io)
             }
@@ -206,6 +198,26 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
     }
 
     fn flush(&mut self) {}
+}
+
+/// The error a `ComputeStorage::alloc` of `size` bytes reports to CubeCL: `BufferTooBig` when
+/// no device could hold it, otherwise the failure described.
+pub(crate) fn storage_error(
+    size: u64,
+    too_large: bool,
+    failure: impl core::fmt::Display,
+) -> IoError {
+    if too_large {
+        IoError::BufferTooBig {
+            size,
+            backtrace: BackTrace::capture(),
+        }
+    } else {
+        IoError::Unknown {
+            description: failure.to_string(),
+            backtrace: BackTrace::capture(),
+        }
+    }
 }
 
 /// The CubeCL memory manager users run, for one stream: CubeCL's persistent pool (exact-size
