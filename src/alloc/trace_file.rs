@@ -76,3 +76,66 @@ impl Trace {
         Trace::read_json(GzDecoder::new(bytes))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::TraceEvent;
+
+    fn sample() -> Trace {
+        Trace {
+            events: vec![
+                TraceEvent::Malloc {
+                    id: 1,
+                    size: 1000,
+                    stream: 0,
+                    block_size: 1024,
+                    address: 4096,
+                },
+                TraceEvent::FreeRequested { id: 1 },
+                TraceEvent::EmptyCache,
+            ],
+            dropped: 3,
+        }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("trace-file-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn json_and_gzipped_json_round_trip() {
+        for name in ["plain.json", "packed.json.gz"] {
+            let path = scratch(name);
+            sample().write_file(&path).expect("written");
+            let bytes = std::fs::read(&path).expect("read back");
+            // A gzip stream starts with 1f 8b; plain JSON with '{'.
+            assert_eq!(bytes.starts_with(&[0x1f, 0x8b]), name.ends_with(".gz"));
+            assert_eq!(Trace::read_file(&path).expect("parsed"), sample());
+            if name.ends_with(".gz") {
+                assert_eq!(Trace::from_json_gz(&bytes).expect("decoded"), sample());
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+
+    #[test]
+    fn a_missing_file_and_a_file_that_is_no_trace_name_the_path() {
+        let missing = scratch("missing.json");
+        match Trace::read_file(&missing) {
+            Err(err @ TraceFileError::Io { .. }) => {
+                assert!(err.to_string().contains("missing.json"), "{err}")
+            }
+            other => panic!("expected an I/O error, got {other:?}"),
+        }
+        let wrong = scratch("wrong.json");
+        std::fs::write(&wrong, b"{\"not\": \"a trace\"}").expect("written");
+        match Trace::read_file(&wrong) {
+            Err(err @ TraceFileError::Json { .. }) => {
+                assert!(err.to_string().contains("is not a trace"), "{err}")
+            }
+            other => panic!("expected a JSON error, got {other:?}"),
+        }
+        let _ = std::fs::remove_file(&wrong);
+    }
+}
