@@ -21,7 +21,7 @@ use cubecl_runtime::memory_management::{
 };
 use parking_lot::Mutex;
 
-use super::{ReplayAllocator, ReplayError, cuda_memory_properties};
+use super::{ReplayAllocator, ReplayError, bind_client, cuda_memory_properties};
 use crate::device::sim::SimDevice;
 use crate::device::{DeviceError, DeviceMemory, StreamId};
 use crate::replay::device_storage::{DeviceStorage, SharedDevice};
@@ -107,11 +107,7 @@ impl<D: DeviceMemory> ReplayAllocator for CubeclAllocator<D> {
                 });
             }
         };
-        let client = ManagedMemoryHandle::new();
-        manager
-            .bind(reserved, client.clone(), cursor)
-            .map_err(|io| ReplayError::Failed(format!("CubeCL bind: {io}")))?;
-        Ok(client)
+        bind_client(manager, reserved, cursor)
     }
 
     fn free(&mut self, handle: Self::Handle) -> Result<(), ReplayError> {

@@ -26,6 +26,8 @@ pub use engine::EngineAllocator;
 pub use stack::{CachingStackAllocator, caching_stack_memory};
 
 use cubecl_ir::MemoryDeviceProperties;
+use cubecl_runtime::memory_management::{ManagedMemoryHandle, MemoryManagement};
+use cubecl_runtime::storage::ComputeStorage;
 
 use crate::device::StreamId;
 
@@ -119,3 +121,17 @@ pub fn cuda_memory_properties(capacity: u64) -> MemoryDeviceProperties {
 
 /// The buffer alignment cubecl-cuda 0.10 uses.
 pub const CUDA_ALIGNMENT: u64 = 512;
+
+/// Binds a reservation of `manager` to a fresh client handle, as a CubeCL server's `empty`
+/// does: the handle a malloc returns, whose drop is the free.
+pub(crate) fn bind_client<S: ComputeStorage>(
+    manager: &mut MemoryManagement<S>,
+    reserved: ManagedMemoryHandle,
+    cursor: u64,
+) -> Result<ManagedMemoryHandle, ReplayError> {
+    let client = ManagedMemoryHandle::new();
+    manager
+        .bind(reserved, client.clone(), cursor)
+        .map_err(|io| ReplayError::Failed(format!("CubeCL bind: {io}")))?;
+    Ok(client)
+}

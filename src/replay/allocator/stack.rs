@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
 
-use super::{ReplayAllocator, ReplayError, cuda_memory_properties};
+use super::{ReplayAllocator, ReplayError, bind_client, cuda_memory_properties};
 use crate::alloc::{AllocatorConfig, CachingAllocator};
 use crate::device::sim::SimDevice;
 use crate::device::{DeviceMemory, StreamId};
@@ -106,12 +106,7 @@ impl<D: DeviceMemory> ReplayAllocator for CachingStackAllocator<D> {
             Some(engine) if engine.is_out_of_memory() => ReplayError::OutOfMemory(err.to_string()),
             _ => ReplayError::Failed(format!("caching stack reserve of {size} bytes: {err}")),
         })?;
-        let client = ManagedMemoryHandle::new();
-        memory
-            .manager()
-            .bind(reserved, client.clone(), cursor)
-            .map_err(|io| ReplayError::Failed(format!("CubeCL bind: {io}")))?;
-        Ok(client)
+        bind_client(memory.manager(), reserved, cursor)
     }
 
     fn free(&mut self, handle: Self::Handle) -> Result<(), ReplayError> {
