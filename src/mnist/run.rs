@@ -151,8 +151,7 @@ where
     B: burn::tensor::backend::AutodiffBackend,
     B::Device: crate::backend::CachingDevice,
 {
-    use crate::backend::{memory_stats, memory_summary, write_trace};
-    use crate::runtime::server::TRACE_ENV;
+    use crate::backend::{TraceError, memory_stats, memory_summary, write_trace};
 
     let stats_device = device.clone();
     let summary_device = device.clone();
@@ -163,9 +162,11 @@ where
     let report =
         super::train::train::<B>(&device, name, train, test, config, &mut probe, observer)?;
     let summary = probe.summary();
-    let trace = match std::env::var_os(TRACE_ENV) {
-        Some(_) => Some(write_trace(&device)?),
-        None => None,
+    // `write_trace` reads BURN_CACHING_ALLOC_TRACE itself; unset means no trace was asked for.
+    let trace = match write_trace(&device) {
+        Ok(path) => Some(path),
+        Err(TraceError::NoPath) => None,
+        Err(err) => return Err(err.into()),
     };
     Ok(RunOutcome {
         report,
