@@ -2,13 +2,11 @@
 //! mixed size distribution. Every size is served from cache after the warm-up, so this
 //! measures the engine's own CPU cost per pair.
 
-use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
+use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
 use burn_caching_alloc::device::StreamId;
 use burn_caching_alloc::device::sim::SimDevice;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
-
-const MIB: u64 = 1024 * 1024;
 
 fn sizes(kind: &str, n: usize) -> Vec<u64> {
     let mut rng = SmallRng::seed_from_u64(7);

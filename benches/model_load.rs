@@ -10,7 +10,7 @@ use std::sync::Arc;
 use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
 use burn_caching_alloc::device::StreamId;
 use burn_caching_alloc::device::sim::SimDevice;
-use burn_caching_alloc::runtime::reclaim::StreamMemory;
+use burn_caching_alloc::runtime::StreamMemory;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use cubecl_ir::MemoryDeviceProperties;
 

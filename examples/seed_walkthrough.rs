@@ -103,8 +103,10 @@ fn main() {
 
 #[cfg(feature = "cuda")]
 fn run_cuda() -> Result<(), AllocError> {
-    use burn_caching_alloc::device::cuda::{CudaMemory, cuda_available};
-    let device = cuda_available().and_then(|()| CudaMemory::new(0).map_err(|e| e.to_string()));
+    use burn_caching_alloc::cuda::{CudaMemory, cuda_available};
+    let device = cuda_available()
+        .map_err(|e| e.to_string())
+        .and_then(|()| CudaMemory::new(0).map_err(|e| e.to_string()));
     match device {
         Ok(device) => walkthrough(device),
         Err(why) => {

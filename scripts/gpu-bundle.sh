@@ -3,7 +3,6 @@
 # but no Rust toolchain and no network), and packs it into the git-ignored gpu-bundle/ folder:
 #
 #   gpu-bundle/bundle.tar.xz   stripped test, example and benchmark binaries (xz-compressed)
-#   gpu-bundle/data/mnist/     the MNIST IDX files (already gzipped), when ../shared has them
 #   gpu-bundle/manifest.tsv    kind, name, path in the archive, bytes, sha256 of every binary
 #   gpu-bundle/BUILD-INFO      commit, toolchain, CUDA version, features, build time
 #
@@ -15,6 +14,8 @@
 # Usage: scripts/gpu-bundle.sh            (from anywhere in the repository)
 # Env:   CUDARC_CUDA_VERSION (default 13000), GPU_BUNDLE_FEATURES (default "cuda"),
 #        GPU_BUNDLE_MAX_MIB (default 64)
+#
+# The MNIST data travels with the working tree (examples/mnist/data), so the bundle holds none.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,22 +33,15 @@ START=$(date +%s)
 
 log() { printf '[gpu-bundle] %s\n' "$*" >&2; }
 
-# Test targets that need a GPU (each skips with a printed reason without one). Every test file
-# whose name mentions cuda is included, so later GPU tests join without editing this script.
-GPU_TESTS=()
-for file in tests/*cuda*.rs; do
-    [ -e "$file" ] || continue
-    name=$(basename "$file" .rs)
-    [ "$name" = conformance_cuda ] && continue # built below with its cfg
-    GPU_TESTS+=("$name")
-done
-# Examples run on the GPU machine, and benchmarks whose name mentions cuda or gpu.
-EXAMPLES=(mnist seed_walkthrough replay)
-BENCHES=()
-for file in benches/*cuda*.rs benches/*gpu*.rs; do
-    [ -e "$file" ] || continue
-    BENCHES+=("$(basename "$file" .rs)")
-done
+# The root crate's test binaries that hold GPU tests (each test skips with a printed reason
+# without a GPU): `runtime` has the CUDA backend's tests.
+GPU_TESTS=(runtime)
+# The programs run on the GPU machine: name and the cargo target that builds it.
+PROGRAMS=(
+    "seed_walkthrough|-p burn-caching-alloc --example seed_walkthrough"
+    "mnist|-p mnist --bin mnist"
+    "replay|-p replay --bin replay"
+)
 
 # Runs cargo with JSON messages; prints "name<TAB>executable" for each built test/bench/example.
 # Usage: executables SUBCOMMAND [ARGS...] (cargo's own options go before any `--`).
@@ -82,7 +76,7 @@ add_binary() { # kind name path
 }
 
 # 1. Library unit tests and the GPU integration tests, in one cargo call.
-test_args=(test --no-run --lib)
+test_args=(test --no-run -p burn-caching-alloc --lib)
 for name in "${GPU_TESTS[@]}"; do test_args+=(--test "$name"); done
 log "building tests: lib ${GPU_TESTS[*]} (features: $FEATURES, CUDA API $CUDARC_CUDA_VERSION)"
 out=$(executables "${test_args[@]}")
@@ -92,35 +86,16 @@ while IFS=$'\t' read -r name exe; do
 done <<<"$out"
 
 # 2. CubeCL's conformance suite, compiled in only with --cfg gpu_conformance (for this crate).
-if [ -e tests/conformance_cuda.rs ]; then
-    log "building the conformance suite (cfg gpu_conformance)"
-    if out=$(executables rustc --test conformance_cuda -- --cfg gpu_conformance); then
-        while IFS=$'\t' read -r name exe; do add_binary test "$name" "$exe"; done <<<"$out"
-    else
-        log "conformance_cuda did not build; skipped"
-    fi
-else
-    log "tests/conformance_cuda.rs is missing; skipped"
-fi
+#    A suite that does not build fails the bundle: a GPU check without it proves too little.
+log "building the conformance suite (cfg gpu_conformance)"
+out=$(executables rustc -p burn-caching-alloc --test conformance_cuda -- --cfg gpu_conformance)
+while IFS=$'\t' read -r name exe; do add_binary test "$name" "$exe"; done <<<"$out"
 
-# 3. Examples and GPU benchmarks; each one that does not exist or does not build is skipped.
-for name in "${EXAMPLES[@]}"; do
-    if [ ! -e "examples/$name.rs" ] && [ ! -e "examples/$name/main.rs" ]; then
-        log "example $name does not exist; skipped"
-        continue
-    fi
-    if out=$(executables build --example "$name"); then
-        while IFS=$'\t' read -r built exe; do add_binary example "$built" "$exe"; done <<<"$out"
-    else
-        log "example $name did not build with features '$FEATURES'; skipped"
-    fi
-done
-for name in "${BENCHES[@]}"; do
-    if out=$(executables build --bench "$name"); then
-        while IFS=$'\t' read -r built exe; do add_binary bench "$built" "$exe"; done <<<"$out"
-    else
-        log "bench $name did not build; skipped"
-    fi
+# 3. The programs: the seed walkthrough, the MNIST main job and the replay benchmark.
+for program in "${PROGRAMS[@]}"; do
+    read -r -a target <<<"${program#*|}"
+    out=$(executables build "${target[@]}")
+    while IFS=$'\t' read -r built exe; do add_binary example "$built" "$exe"; done <<<"$out"
 done
 
 # 4. Pack: binaries compressed together, data copied as is (already gzipped).
@@ -129,14 +104,6 @@ mkdir -p "$BUNDLE"
 log "compressing $(du -sh "$STAGE/bin" | cut -f1) of binaries with xz"
 tar -C "$STAGE" -cf - bin manifest.tsv | xz -T0 -6 >"$BUNDLE/bundle.tar.xz"
 cp "$MANIFEST" "$BUNDLE/manifest.tsv"
-MNIST_SRC="$ROOT/../shared/data/mnist"
-if [ -d "$MNIST_SRC" ]; then
-    mkdir -p "$BUNDLE/data/mnist"
-    cp "$MNIST_SRC"/*.gz "$BUNDLE/data/mnist/"
-    [ -e "$MNIST_SRC/SHA256SUMS" ] && cp "$MNIST_SRC/SHA256SUMS" "$BUNDLE/data/mnist/"
-else
-    log "no MNIST data at $MNIST_SRC; the MNIST run will be skipped on the GPU machine"
-fi
 END=$(date +%s)
 {
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo none) $(git status --porcelain 2>/dev/null | grep -q . && echo '(uncommitted changes)')"

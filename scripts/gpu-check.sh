@@ -18,6 +18,8 @@
 #      MNIST_ARGS (default "--epochs 1"), SKIP_MNIST=1 to leave MNIST out.
 set -uo pipefail
 
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+MNIST_DATA="$ROOT/examples/mnist/data"
 OUT=${OUT:-$PWD/gpu-check-out}
 BUNDLE=${GPU_BUNDLE_DIR:-gpu-bundle}
 STEP_TIMEOUT=${STEP_TIMEOUT:-900}
@@ -150,11 +152,11 @@ if [ "${SKIP_MNIST:-0}" = 1 ]; then
     record mnist skip 0 "" "" "" "SKIP_MNIST=1"
 elif ! path=$(binary example mnist); then
     record mnist skip 0 "" "" "" "not in the bundle"
-elif [ ! -d "$BUNDLE/data/mnist" ]; then
-    record mnist skip 0 "" "" "" "no MNIST data in the bundle"
+elif [ ! -d "$MNIST_DATA" ]; then
+    record mnist skip 0 "" "" "" "no MNIST data in examples/mnist/data"
 else
     # shellcheck disable=SC2086 # MNIST_ARGS is a list of arguments
-    run_step mnist "$path" --compare --backend caching-cuda --data-dir "$BUNDLE/data/mnist" \
+    run_step mnist "$path" --compare --backend caching-cuda --data-dir "$MNIST_DATA" \
         --report "$OUT/mnist-report.json" --timeline "$OUT/mnist-timeline.svg" $MNIST_ARGS
     if [ $? -eq 0 ]; then verdict=pass; else verdict=fail; fi
     record mnist "$verdict" "$STEP_SECONDS" "" "" "" logs/mnist.log

@@ -1,22 +1,29 @@
 //! burn-caching-alloc: a PyTorch-style caching allocator for CubeCL, shipped as Burn backends.
 //!
-//! Layers, each knowing only the one below:
-//! - [`alloc`]: the engine (pools, best fit, split, coalesce, statistics, snapshots, traces);
-//! - [`device`]: raw device memory behind the [`device::DeviceMemory`] trait;
-//! - [`runtime`]: the CubeCL server over the engine, generic over a device driver;
-//! - `backend` (feature `runtime`): Burn aliases and the user API (`memory_stats`, ...);
-//! - `mnist` (feature `runtime`): the MNIST showcase that `examples/mnist.rs` runs;
-//! - [`replay`]: trace generators and replays through the engine and CubeCL's own pools, for
-//!   `examples/replay` and `benches/replay.rs`.
+//! Layers, each knowing only the ones below it:
+//! - [`alloc`]: the engine (pools, best fit, split, coalesce, statistics, snapshots, traces).
+//!   Pure Rust: it knows devices only through [`device::DeviceMemory`];
+//! - [`device`]: the raw-memory trait, a simulated device and a metering wrapper;
+//! - [`runtime`]: the CubeCL server over the engine, generic over a [`runtime::Driver`], and
+//!   the per-stream pieces that put the engine under CubeCL's memory management;
+//! - `cuda` (feature `cuda`) and `wgpu` (feature `wgpu`): one folder per backend, each with its
+//!   device memory, its driver and its `cubecl::Runtime`;
+//! - `backend` (features `cuda` or `wgpu`): the Burn aliases (`CachingCuda`, `CachingWgpu`) and
+//!   the user API (`memory_stats`, `empty_cache`, ...).
+//!
+//! The MNIST showcase (`examples/mnist`) and the trace replay benchmark (`replay/`) are
+//! workspace crates of their own, built on this API.
+#![warn(missing_docs)]
 
 pub mod alloc;
 #[cfg(feature = "runtime")]
 pub mod backend;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
-#[cfg(feature = "runtime")]
-pub mod mnist;
-pub mod replay;
 pub mod runtime;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 pub use alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator, MemoryStats};
 pub use device::{DeviceMemory, StreamId};

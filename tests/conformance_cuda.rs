@@ -24,9 +24,9 @@ mod caching_cuda {
 #[cfg(not(gpu_conformance))]
 #[test]
 fn conformance_suite_needs_a_gpu_build() {
-    let device = match burn_caching_alloc::device::cuda::cuda_available() {
+    let device = match burn_caching_alloc::cuda::cuda_available() {
         Ok(()) => "a CUDA device is present".to_string(),
-        Err(reason) => reason,
+        Err(reason) => reason.to_string(),
     };
     eprintln!(
         "skipping CubeCL's conformance suite on CachingCudaRuntime: it is compiled only with \

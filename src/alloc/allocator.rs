@@ -12,7 +12,8 @@ use super::snapshot::Snapshot;
 use super::stats::MemoryStats;
 use super::summary::summary;
 use super::trace::Trace;
-use crate::device::{DeviceMemory, StreamId};
+use super::units::format_bytes;
+use crate::device::{DeviceMemory, MemoryInfo, StreamId};
 
 static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -49,6 +50,7 @@ impl<H> Allocation<H> {
         self.size
     }
 
+    /// The size the caller asked for, in bytes.
     pub fn requested_size(&self) -> u64 {
         self.requested
     }
@@ -78,6 +80,7 @@ pub struct CachingAllocator<D: DeviceMemory> {
 }
 
 impl<D: DeviceMemory> CachingAllocator<D> {
+    /// An allocator over `device` with `config`; it reserves nothing until the first `malloc`.
     pub fn new(device: D, config: AllocatorConfig) -> Self {
         Self {
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
@@ -86,18 +89,17 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     fn allocation(&self, engine: &Engine<D>, block: BlockId) -> Allocation<D::Handle> {
-        let b = &engine.blocks.blocks[block];
-        let segment = &engine.blocks.segments[b.segment];
+        let info = engine.block_info(block);
         Allocation {
             allocator: self.id,
-            id: b.allocation_id,
+            id: info.allocation_id,
             block,
-            address: segment.address + b.offset,
-            offset: b.offset,
-            size: b.size,
-            requested: b.requested,
-            stream: segment.stream,
-            segment: segment.handle.clone(),
+            address: info.address,
+            offset: info.offset,
+            size: info.size,
+            requested: info.requested,
+            stream: info.stream,
+            segment: info.segment,
         }
     }
 
@@ -160,24 +162,28 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         self.engine.lock().empty_cache()
     }
 
+    /// A copy of the statistics, like `torch.cuda.memory_stats()`.
     pub fn stats(&self) -> MemoryStats {
-        self.engine.lock().stats.clone()
+        self.engine.lock().stats().clone()
     }
 
     /// Bytes the engine holds in device segments now (`stats().memory_reserved()`, without
     /// copying the statistics).
     pub fn memory_reserved(&self) -> u64 {
-        self.engine.lock().stats.memory_reserved()
+        self.engine.lock().stats().memory_reserved()
     }
 
+    /// Sets every peak statistic to its current value (`torch.cuda.reset_peak_memory_stats()`).
     pub fn reset_peak_stats(&self) {
-        self.engine.lock().stats.reset_peak();
+        self.engine.lock().stats_mut().reset_peak();
     }
 
+    /// Zeroes every cumulative amount and counter (`torch.cuda.reset_accumulated_memory_stats()`).
     pub fn reset_accumulated_stats(&self) {
-        self.engine.lock().stats.reset_accumulated();
+        self.engine.lock().stats_mut().reset_accumulated();
     }
 
+    /// Every segment and block now, like `torch.cuda.memory_snapshot()`.
     pub fn snapshot(&self) -> Snapshot {
         self.engine.lock().snapshot()
     }
@@ -190,12 +196,13 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// Limits reserved memory to `fraction` of the device's total; `fraction` in (0, 1].
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), ConfigError> {
         let fraction = validate_memory_fraction(fraction)?;
-        self.engine.lock().config.memory_fraction = Some(fraction);
+        self.engine.lock().set_memory_fraction(fraction);
         Ok(())
     }
 
+    /// A copy of the configuration in use.
     pub fn config(&self) -> AllocatorConfig {
-        self.engine.lock().config.clone()
+        self.engine.lock().config().clone()
     }
 
     /// Starts or stops recording the trace.
@@ -205,16 +212,36 @@ impl<D: DeviceMemory> CachingAllocator<D> {
 
     /// The trace recorded so far (empty when history is off).
     pub fn trace(&self) -> Trace {
-        let engine = self.engine.lock();
-        engine
-            .history
-            .as_ref()
-            .map(|h| h.to_trace())
-            .unwrap_or_default()
+        self.engine.lock().trace()
     }
 
-    /// Runs `f` on the device under the allocator's lock.
-    pub fn with_device<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
-        f(&mut self.engine.lock().device)
+    /// Free and total bytes of the device, as its driver reports them now.
+    pub fn device_memory_info(&self) -> Result<MemoryInfo, AllocError> {
+        Ok(self.engine.lock().device_mut().memory_info()?)
+    }
+}
+
+/// Dropping an allocator returns every segment that holds no live block to the device (as
+/// `empty_cache` does, waiting for pending stream events first). Segments that still hold a
+/// live allocation cannot be returned safely, since their memory may still be in use: they are
+/// left to the device (freed when its context closes) and reported with a warning, like
+/// gpu-allocator's leak report.
+impl<D: DeviceMemory> Drop for CachingAllocator<D> {
+    fn drop(&mut self) {
+        let engine = self.engine.get_mut();
+        if let Err(err) = engine.release_cached_blocks() {
+            log::error!("caching allocator: returning cached segments on drop failed: {err}");
+        }
+        let stats = engine.stats();
+        let live = stats.allocation.all.current;
+        if live > 0 {
+            log::warn!(
+                "caching allocator dropped with {live} live allocation(s) of {} in {} \
+                 segment(s) of {}: those segments are left to the device",
+                format_bytes(stats.allocated_bytes.all.current),
+                stats.segment.all.current,
+                format_bytes(stats.reserved_bytes.all.current),
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::size::MIB;
+use super::units::MIB;
 
 /// The environment variable [`AllocatorConfig::from_env`] reads.
 pub const CONFIG_ENV: &str = "BURN_CACHING_ALLOC_CONF";
@@ -28,22 +28,49 @@ const MAX_MB: u64 = 1 << 30;
 /// The largest power-of-two division count accepted.
 const MAX_DIVISIONS: u64 = 64;
 
+/// Why a configuration string (or a setting) was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
+    /// An item (or the whole string) is not well-formed `key:value` syntax.
     #[error("malformed allocator config item `{item}`: {reason}")]
-    Malformed { item: String, reason: String },
+    Malformed {
+        /// The offending item, or the whole string.
+        item: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A key that is not one of `KNOWN_KEYS`.
     #[error("unknown allocator config key `{key}`; known keys: {}", KNOWN_KEYS.join(", "))]
-    UnknownKey { key: String },
+    UnknownKey {
+        /// The key as given.
+        key: String,
+    },
+    /// A known key with a value it does not accept.
     #[error("invalid value `{value}` for allocator config key `{key}`: expected {expected}")]
     InvalidValue {
+        /// The key.
         key: String,
+        /// The value as given.
         value: String,
+        /// What the key accepts.
         expected: String,
     },
+    /// A `PYTORCH_CUDA_ALLOC_CONF` key this allocator recognises but does not implement
+    /// (e.g. `expandable_segments`).
     #[error("allocator config key `{key}` is not supported: {reason}")]
-    Unsupported { key: String, reason: String },
+    Unsupported {
+        /// The key.
+        key: String,
+        /// Why it is not supported.
+        reason: String,
+    },
+    /// The same key appears more than once.
     #[error("allocator config key `{key}` is given twice")]
-    Duplicate { key: String },
+    Duplicate {
+        /// The repeated key.
+        key: String,
+    },
 }
 
 /// Power-of-two rounding divisions, by size interval.
@@ -71,6 +98,7 @@ impl RoundupDivisions {
             .map_or(0, |(_, n)| *n)
     }
 
+    /// Whether no size is rounded (every division count is at most 1).
     pub fn is_empty(&self) -> bool {
         self.intervals.iter().all(|(_, n)| *n <= 1)
     }
@@ -120,6 +148,7 @@ impl RoundupDivisions {
 
 /// How the allocator places, rounds, collects and records.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct AllocatorConfig {
     /// Blocks at least this large are never split (`None`: unlimited).
     pub max_split_size: Option<u64>,

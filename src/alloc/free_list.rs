@@ -284,7 +284,8 @@ impl FreeList {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::size::{MIB, SMALL_BUFFER, SMALL_SIZE};
+    use crate::alloc::size::{SMALL_BUFFER, SMALL_SIZE};
+    use crate::alloc::units::MIB;
 
     const S0: StreamId = StreamId(0);
     const S1: StreamId = StreamId(1);

@@ -28,27 +28,24 @@ mod block;
 mod config;
 mod engine;
 mod error;
-mod events;
 mod free_list;
-mod placement;
-mod reclaim;
 mod size;
 mod snapshot;
 mod stats;
 mod summary;
 mod trace;
 mod trace_file;
+mod units;
 
 pub use allocator::{Allocation, CachingAllocator};
 pub use block::BlockState;
-pub use config::{AllocatorConfig, CONFIG_ENV, ConfigError, KNOWN_KEYS, RoundupDivisions};
+#[cfg(feature = "runtime")]
+pub(crate) use config::CONFIG_ENV;
+pub use config::{AllocatorConfig, ConfigError, RoundupDivisions};
 pub use error::AllocError;
-pub use size::{
-    KIB, LARGE_BUFFER, MIB, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, PoolKind, ROUND_LARGE, SMALL_BUFFER,
-    SMALL_SIZE, format_bytes, round_size, segment_size,
-};
+pub use size::{PoolKind, round_size, segment_size};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
 pub use stats::{MemoryStats, Stat, StatArray};
-pub use summary::summary;
-pub use trace::{ReplayStats, Trace, TraceEvent};
+pub use trace::{Trace, TraceEvent};
 pub use trace_file::TraceFileError;
+pub use units::{KIB, MIB, format_bytes};

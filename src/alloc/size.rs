@@ -12,8 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::RoundupDivisions;
 
-pub const KIB: u64 = 1024;
-pub const MIB: u64 = 1024 * KIB;
+use super::units::MIB;
 
 /// Every block is a multiple of this, and no block is smaller.
 pub const MIN_BLOCK_SIZE: u64 = 512;
@@ -32,7 +31,9 @@ pub const ROUND_LARGE: u64 = 2 * MIB;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PoolKind {
+    /// Blocks of at most 1 MiB, carved out of 2 MiB segments.
     Small,
+    /// Blocks larger than 1 MiB.
     Large,
 }
 
@@ -93,21 +94,5 @@ pub fn segment_size(rounded: u64) -> u64 {
         LARGE_BUFFER
     } else {
         rounded.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE)
-    }
-}
-
-/// Bytes as a person reads them: "1.50 MiB".
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
     }
 }

@@ -4,97 +4,65 @@ use serde::{Deserialize, Serialize};
 
 use super::block::BlockState;
 use super::config::AllocatorConfig;
-use super::engine::Engine;
 use super::size::PoolKind;
 use super::stats::MemoryStats;
 use super::trace::Trace;
-use crate::device::DeviceMemory;
 
+/// One block of a segment, like an entry of a segment's `blocks` in `torch.cuda.memory_snapshot()`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct BlockSnapshot {
+    /// The block's address.
     pub address: u64,
+    /// The block's size, in bytes.
     pub size: u64,
     /// What the owner asked for; 0 for a free block.
     pub requested_size: u64,
+    /// Whether the block is allocated, pending free or free (PyTorch's `state`).
     pub state: BlockState,
     /// The allocation id of an allocated block.
     pub allocation_id: Option<u64>,
 }
 
+/// One device segment, like an entry of `torch.cuda.memory_snapshot()`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SegmentSnapshot {
+    /// The segment's address.
     pub address: u64,
+    /// The segment's size, in bytes.
     pub total_size: u64,
     /// Bytes in allocated blocks.
     pub allocated_size: u64,
     /// Bytes in allocated and pending-free blocks.
     pub active_size: u64,
+    /// Bytes the owners of its blocks asked for (before rounding).
     pub requested_size: u64,
+    /// The stream the segment belongs to.
     pub stream: u64,
+    /// The pool the segment belongs to (PyTorch's `segment_type`).
     pub pool: PoolKind,
     /// The segment's blocks in address order; they tile it exactly.
     pub blocks: Vec<BlockSnapshot>,
 }
 
+/// Every segment and block, with the statistics, the configuration and the history.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Snapshot {
     /// Segments by address.
     pub segments: Vec<SegmentSnapshot>,
+    /// The statistics, as in `torch.cuda.memory_stats()`.
     pub stats: MemoryStats,
+    /// The configuration the allocator runs with.
     pub config: AllocatorConfig,
     /// The trace ring, when history is recorded.
     pub trace: Option<Trace>,
 }
 
 impl Snapshot {
+    /// The snapshot as indented JSON.
     pub fn to_json_pretty(&self) -> String {
         serde_json::to_string_pretty(self).expect("a snapshot always serialises")
-    }
-}
-
-impl<D: DeviceMemory> Engine<D> {
-    pub fn snapshot(&self) -> Snapshot {
-        let mut segments: Vec<SegmentSnapshot> = self
-            .blocks
-            .segments
-            .iter()
-            .map(|(id, segment)| {
-                let blocks: Vec<BlockSnapshot> = self
-                    .blocks
-                    .segment_blocks(id)
-                    .map(|b| {
-                        let block = &self.blocks.blocks[b];
-                        BlockSnapshot {
-                            address: segment.address + block.offset,
-                            size: block.size,
-                            requested_size: block.requested,
-                            state: block.state,
-                            allocation_id: (block.state == BlockState::ActiveAllocated)
-                                .then_some(block.allocation_id),
-                        }
-                    })
-                    .collect();
-                let sum = |f: &dyn Fn(&BlockSnapshot) -> bool| -> u64 {
-                    blocks.iter().filter(|b| f(b)).map(|b| b.size).sum()
-                };
-                SegmentSnapshot {
-                    address: segment.address,
-                    total_size: segment.size,
-                    allocated_size: sum(&|b| b.state == BlockState::ActiveAllocated),
-                    active_size: sum(&|b| b.state != BlockState::Inactive),
-                    requested_size: blocks.iter().map(|b| b.requested_size).sum(),
-                    stream: segment.stream.0,
-                    pool: segment.pool,
-                    blocks,
-                }
-            })
-            .collect();
-        segments.sort_by_key(|s| s.address);
-        Snapshot {
-            segments,
-            stats: self.stats.clone(),
-            config: self.config.clone(),
-            trace: self.history.as_ref().map(|h| h.to_trace()),
-        }
     }
 }

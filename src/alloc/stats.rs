@@ -13,19 +13,25 @@ use super::size::PoolKind;
 /// One statistic: current, peak, and cumulative increases (`allocated`) and decreases (`freed`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stat {
+    /// The value now (PyTorch's `current`).
     pub current: u64,
+    /// The highest value since the last peak reset (PyTorch's `peak`).
     pub peak: u64,
+    /// The sum of all increases since accumulated stats were last reset (PyTorch's `allocated`).
     pub allocated: u64,
+    /// The sum of all decreases since accumulated stats were last reset (PyTorch's `freed`).
     pub freed: u64,
 }
 
 impl Stat {
+    /// Adds `amount` to the current value, raising the peak if needed.
     pub fn increase(&mut self, amount: u64) {
         self.current += amount;
         self.peak = self.peak.max(self.current);
         self.allocated += amount;
     }
 
+    /// Subtracts `amount` from the current value.
     pub fn decrease(&mut self, amount: u64) {
         debug_assert!(self.current >= amount, "statistic would go negative");
         self.current = self.current.saturating_sub(amount);
@@ -61,12 +67,16 @@ impl Stat {
 /// A statistic for all pools together and for each pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatArray {
+    /// Both pools together (PyTorch's `all`).
     pub all: Stat,
+    /// The small pool (PyTorch's `small_pool`).
     pub small_pool: Stat,
+    /// The large pool (PyTorch's `large_pool`).
     pub large_pool: Stat,
 }
 
 impl StatArray {
+    /// The statistic of one pool.
     pub fn pool(&self, pool: PoolKind) -> &Stat {
         match pool {
             PoolKind::Small => &self.small_pool,
@@ -81,16 +91,19 @@ impl StatArray {
         }
     }
 
+    /// Increases `all` and `pool`'s statistic by `amount`.
     pub fn increase(&mut self, pool: PoolKind, amount: u64) {
         self.all.increase(amount);
         self.pool_mut(pool).increase(amount);
     }
 
+    /// Decreases `all` and `pool`'s statistic by `amount`.
     pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
         self.all.decrease(amount);
         self.pool_mut(pool).decrease(amount);
     }
 
+    /// Applies a signed change to `all` and `pool`'s statistic.
     pub fn change(&mut self, pool: PoolKind, delta: i64) {
         self.all.change(delta);
         self.pool_mut(pool).change(delta);
@@ -111,6 +124,7 @@ impl StatArray {
 
 /// Everything the allocator counts, named as in `torch.cuda.memory_stats()`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct MemoryStats {
     /// Live allocations (count).
     pub allocation: StatArray,

@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use super::size::format_bytes;
 use super::stats::{MemoryStats, Stat, StatArray};
+use super::units::format_bytes;
 
 const WIDTH: usize = 84;
 

@@ -1,55 +1,72 @@
-//! The history of engine operations: a ring of events that serialises and replays.
+//! The history of engine operations: a ring of events that serialises.
 //!
 //! `Malloc`, `FreeRequested`, `RecordStream` and `EmptyCache` are the inputs a caller gave;
 //! the other events are what the engine did about them. Replaying the inputs through any
-//! allocator reproduces the workload.
+//! allocator reproduces the workload (the `replay` crate of this workspace does).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-use super::allocator::{Allocation, CachingAllocator};
-use super::error::AllocError;
-use crate::device::{DeviceMemory, StreamId};
-
+/// One entry of the engine's history, like an entry of PyTorch's `device_traces`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum TraceEvent {
     /// A request of `size` bytes served by a block of `block_size` bytes at `address`.
     Malloc {
+        /// The allocation's id.
         id: u64,
+        /// The requested size, in bytes.
         size: u64,
+        /// The stream the request was made on.
         stream: u64,
+        /// The size of the block that serves it, in bytes (after rounding).
         block_size: u64,
+        /// The block's address.
         address: u64,
     },
     /// The owner freed allocation `id`.
     FreeRequested {
+        /// The allocation's id.
         id: u64,
     },
     /// Allocation `id`'s block became reusable (at once, or once its events completed).
     FreeCompleted {
+        /// The allocation's id.
         id: u64,
     },
     /// Allocation `id` was used on `stream`.
     RecordStream {
+        /// The allocation's id.
         id: u64,
+        /// The stream that used it.
         stream: u64,
     },
+    /// The engine got a new segment from the device.
     SegmentAlloc {
+        /// The segment's address.
         address: u64,
+        /// The segment's size, in bytes.
         size: u64,
+        /// The stream the segment was allocated for.
         stream: u64,
     },
+    /// The engine returned a segment to the device.
     SegmentFree {
+        /// The segment's address.
         address: u64,
+        /// The segment's size, in bytes.
         size: u64,
     },
+    /// The caller asked to empty the cache.
     EmptyCache,
     /// A request of `size` bytes failed with out-of-memory.
     Oom {
+        /// The requested size, in bytes.
         size: u64,
+        /// The stream the request was made on.
         stream: u64,
     },
 }
@@ -70,17 +87,11 @@ impl TraceEvent {
 /// A recorded history. `dropped` counts events the ring overwrote.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trace {
+    /// The events, oldest first.
     pub events: Vec<TraceEvent>,
+    /// How many older events the ring overwrote before these.
     #[serde(default)]
     pub dropped: u64,
-}
-
-/// What a replay did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ReplayStats {
-    pub mallocs: u64,
-    pub frees: u64,
-    pub ooms: u64,
 }
 
 impl Trace {
@@ -89,63 +100,22 @@ impl Trace {
         self.events.iter().filter(|e| e.is_input())
     }
 
-    /// Replays the inputs through `allocator`. A malloc that fails with out-of-memory is
-    /// counted and its later free skipped; any other error stops the replay. Allocations still
-    /// live at the end of the trace are freed.
-    pub fn replay<D: DeviceMemory>(
-        &self,
-        allocator: &CachingAllocator<D>,
-    ) -> Result<ReplayStats, AllocError> {
-        let mut live: HashMap<u64, Allocation<D::Handle>> = HashMap::new();
-        let mut stats = ReplayStats::default();
-        for event in self.operations() {
-            match *event {
-                TraceEvent::Malloc {
-                    id, size, stream, ..
-                } => match allocator.malloc(size, StreamId(stream)) {
-                    Ok(allocation) => {
-                        stats.mallocs += 1;
-                        live.insert(id, allocation);
-                    }
-                    Err(e) if e.is_out_of_memory() => stats.ooms += 1,
-                    Err(e) => return Err(e),
-                },
-                TraceEvent::FreeRequested { id } => {
-                    if let Some(allocation) = live.remove(&id) {
-                        allocator.free(allocation)?;
-                        stats.frees += 1;
-                    }
-                }
-                TraceEvent::RecordStream { id, stream } => {
-                    if let Some(allocation) = live.get(&id) {
-                        allocator.record_stream(allocation, StreamId(stream))?;
-                    }
-                }
-                TraceEvent::EmptyCache => {
-                    allocator.empty_cache()?;
-                }
-                _ => {}
-            }
-        }
-        for (_, allocation) in live {
-            allocator.free(allocation)?;
-            stats.frees += 1;
-        }
-        Ok(stats)
-    }
-
+    /// The trace as a JSON string.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a trace always serialises")
     }
 
+    /// Parses a trace from a JSON string.
     pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
         serde_json::from_str(text)
     }
 
+    /// Writes the trace as JSON to `writer`.
     pub fn write_json(&self, writer: impl Write) -> Result<(), serde_json::Error> {
         serde_json::to_writer(writer, self)
     }
 
+    /// Reads a JSON trace from `reader`.
     pub fn read_json(reader: impl Read) -> Result<Self, serde_json::Error> {
         serde_json::from_reader(reader)
     }

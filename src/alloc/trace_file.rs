@@ -12,15 +12,22 @@ use super::trace::Trace;
 
 /// Why a trace file could not be read or written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TraceFileError {
+    /// The file could not be opened, read or written.
     #[error("{}: {source}", path.display())]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The file's contents are not a trace, or the trace could not be serialised.
     #[error("{} is not a trace (JSON of trace events): {source}", path.display())]
     Json {
+        /// The file.
         path: PathBuf,
+        /// The JSON error.
         source: serde_json::Error,
     },
 }

@@ -17,6 +17,7 @@
 
 mod stats;
 
+pub use crate::runtime::CubeclLayerUsage;
 pub use stats::CachingMemoryStats;
 
 use std::path::{Path, PathBuf};
@@ -27,11 +28,11 @@ use cubecl_runtime::runtime::Runtime;
 
 use crate::alloc::{ConfigError, Snapshot};
 use crate::device::DeviceMemory;
+use crate::runtime::env::TRACE_ENV;
 use crate::runtime::registry::{self, DeviceEntry};
-use crate::runtime::server::TRACE_ENV;
 
 #[cfg(feature = "wgpu")]
-pub use crate::runtime::wgpu::CachingWgpuRuntime;
+pub use crate::wgpu::CachingWgpuRuntime;
 
 /// `Autodiff<CachingWgpu>` trains on wgpu with the caching allocator; the element types are
 /// burn-wgpu 0.21's (`f32`, `i32`, `u32`).
@@ -40,7 +41,7 @@ pub type CachingWgpu<F = f32, I = i32, B = u32> =
     burn::backend::wgpu::CubeBackend<CachingWgpuRuntime, F, I, B>;
 
 #[cfg(feature = "cuda")]
-pub use crate::runtime::cuda::CachingCudaRuntime;
+pub use crate::cuda::CachingCudaRuntime;
 
 /// `Autodiff<CachingCuda>` trains on CUDA with the caching allocator; the element types are
 /// burn-cuda 0.21's (`f32`, `i32`, `u8`). The device is Burn's `burn::backend::cuda::CudaDevice`.
@@ -59,13 +60,13 @@ pub trait CachingDevice: Device {
 #[cfg(feature = "wgpu")]
 impl CachingDevice for cubecl_wgpu::WgpuDevice {
     type Runtime = CachingWgpuRuntime;
-    type Memory = crate::device::wgpu::WgpuMemory;
+    type Memory = crate::wgpu::WgpuMemory;
 }
 
 #[cfg(feature = "cuda")]
 impl CachingDevice for cubecl_cuda::CudaDevice {
     type Runtime = CachingCudaRuntime;
-    type Memory = crate::device::cuda::CudaMemory;
+    type Memory = crate::cuda::CudaMemory;
 }
 
 /// Opens `device` if needed, waits for the work submitted so far, and returns its entry.
@@ -91,7 +92,7 @@ fn settled<Dev: CachingDevice>(
 pub fn memory_stats<Dev: CachingDevice>(device: &Dev) -> CachingMemoryStats {
     let (_, entry) = settled(device);
     let engine = entry.allocator.stats();
-    let info = entry.allocator.with_device(|d| d.memory_info());
+    let info = entry.allocator.device_memory_info();
     let device_info = info.unwrap_or(crate::device::MemoryInfo { free: 0, total: 0 });
     let cubecl = *entry.cubecl.lock();
     CachingMemoryStats {
@@ -155,8 +156,10 @@ pub fn set_per_process_memory_fraction<Dev: CachingDevice>(
 /// Why a trace could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    /// `BURN_CACHING_ALLOC_TRACE` is not set, so there is no path to write to.
     #[error("{TRACE_ENV} is not set: there is no trace path")]
     NoPath,
+    /// Writing the trace file failed.
     #[error("cannot write the trace: {0}")]
     File(#[from] crate::alloc::TraceFileError),
 }

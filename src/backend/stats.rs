@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::alloc::MemoryStats;
 use crate::device::MemoryInfo;
-use crate::runtime::registry::CubeclLayerUsage;
+use crate::runtime::CubeclLayerUsage;
 
 /// Memory statistics of one device, with PyTorch's meanings.
 ///

@@ -22,6 +22,7 @@ struct Counters {
 
 /// What a [`Meter`] has counted, read at one point.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MeterReading {
     /// Segments the device handed out.
     pub allocs: u64,
@@ -42,22 +43,27 @@ pub struct Meter {
 }
 
 impl Meter {
+    /// Segments the device handed out.
     pub fn allocs(&self) -> u64 {
         self.counters.allocs.load(Ordering::Relaxed)
     }
 
+    /// Segments the device took back.
     pub fn frees(&self) -> u64 {
         self.counters.frees.load(Ordering::Relaxed)
     }
 
+    /// Allocation calls the device refused.
     pub fn failed_allocs(&self) -> u64 {
         self.counters.failed_allocs.load(Ordering::Relaxed)
     }
 
+    /// Bytes in segments handed out and not yet taken back.
     pub fn bytes_in_use(&self) -> u64 {
         self.counters.bytes_in_use.load(Ordering::Relaxed)
     }
 
+    /// Most bytes in use at once since the device was wrapped (or the peak was reset).
     pub fn peak_bytes(&self) -> u64 {
         self.counters.peak_bytes.load(Ordering::Relaxed)
     }

@@ -1,13 +1,10 @@
 //! Raw device memory: the one trait the engine allocates segments through, and its
-//! implementations (a simulated device always; CUDA and wgpu behind their features), plus
+//! implementations that need no GPU (a simulated device; the CUDA and wgpu ones live in
+//! `crate::cuda` and `crate::wgpu`), plus
 //! [`metered::Metered`], which counts the segments of any of them.
 
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod metered;
 pub mod sim;
-#[cfg(feature = "wgpu")]
-pub mod wgpu;
 
 use serde::{Deserialize, Serialize};
 
@@ -27,19 +24,30 @@ impl core::fmt::Display for StreamId {
 /// Free and total bytes of a device, as its driver reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryInfo {
+    /// Free bytes on the device.
     pub free: u64,
+    /// Total bytes on the device.
     pub total: u64,
 }
 
 /// Why a device could not do what the engine asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DeviceError {
     /// The device has no room for this segment now. The engine frees cache and retries.
     #[error("the device is out of memory (requested {requested} bytes)")]
-    OutOfMemory { requested: u64 },
+    OutOfMemory {
+        /// The segment size requested, in bytes.
+        requested: u64,
+    },
     /// No single segment this large can exist on the device. Never retried.
     #[error("the device cannot hold a single buffer of {requested} bytes (largest is {max} bytes)")]
-    TooLarge { requested: u64, max: u64 },
+    TooLarge {
+        /// The segment size requested, in bytes.
+        requested: u64,
+        /// The largest segment the device can hold, in bytes.
+        max: u64,
+    },
     /// Any other driver failure.
     #[error("device driver error: {0}")]
     Driver(String),
@@ -48,8 +56,11 @@ pub enum DeviceError {
 /// A segment as the device hands it out: where it lives and how kernels reach it.
 #[derive(Clone, Debug)]
 pub struct DeviceSegment<H> {
+    /// The segment's start address (a fake but distinct one where the device has none).
     pub address: u64,
+    /// The segment's size, in bytes.
     pub size: u64,
+    /// How kernels reach the segment.
     pub handle: H,
 }
 

@@ -16,13 +16,21 @@ const ADDRESS_ALIGNMENT: u64 = 2 << 20;
 
 /// Calls the device has seen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SimCounters {
+    /// Segments handed out.
     pub allocs: u64,
+    /// Segments taken back.
     pub frees: u64,
+    /// Allocation calls refused (too large, out of memory, or injected failures).
     pub failed_allocs: u64,
+    /// `record_event` calls.
     pub events_recorded: u64,
+    /// `query_event` calls.
     pub events_queried: u64,
+    /// `synchronize_event` calls.
     pub events_synchronized: u64,
+    /// `memory_info` calls.
     pub memory_info_calls: u64,
 }
 
@@ -114,6 +122,7 @@ impl SimDevice {
         state.completed.extend(recorded);
     }
 
+    /// The calls counted so far.
     pub fn counters(&self) -> SimCounters {
         self.state.lock().counters
     }
@@ -124,10 +133,12 @@ impl SimDevice {
         state.live.iter().map(|(a, (s, _))| (*a, *s)).collect()
     }
 
+    /// Bytes in live segments.
     pub fn bytes_in_use(&self) -> u64 {
         self.state.lock().bytes_in_use
     }
 
+    /// The device's capacity, in bytes.
     pub fn capacity(&self) -> u64 {
         self.state.lock().capacity
     }

@@ -20,6 +20,7 @@ use cubecl_ir::DeviceProperties;
 use cubecl_runtime::compiler::{Compiler, CubeTask};
 use cubecl_runtime::server::{ExecutionMode, KernelArguments, LaunchError, ServerError};
 
+use super::error::DriverError;
 use super::storage::EngineResource;
 use crate::device::{DeviceMemory, StreamId};
 
@@ -63,8 +64,9 @@ pub trait Driver: Send + Sized + 'static {
     /// A compiled, launchable kernel (a pipeline, a module + function).
     type Kernel: Send + Sync;
 
-    /// Opens the device with this CubeCL id. Errors say why (no adapter, no driver library).
-    fn open(device: DeviceId) -> Result<Self, String>;
+    /// Opens the device with this CubeCL id. Errors say why (no adapter, no driver library)
+    /// and what to do about it.
+    fn open(device: DeviceId) -> Result<Self, DriverError>;
 
     /// The device memory the engine allocates segments through (called once per server).
     fn memory(&mut self) -> Self::Memory;
@@ -100,7 +102,9 @@ pub trait Driver: Send + Sized + 'static {
         args: &KernelArguments,
     ) -> Result<Self::Kernel, LaunchError>;
 
-    /// Issues a kernel launch on `stream`.
+    /// Issues a kernel launch on `stream`. The server has already checked what does not depend
+    /// on the API: a static count has no zero dimension, a dynamic count's buffer holds 12
+    /// bytes.
     ///
     /// # Safety
     /// In [`ExecutionMode::Unchecked`] the kernel may access memory out of bounds.
@@ -110,7 +114,8 @@ pub trait Driver: Send + Sized + 'static {
         launch: Launch<'_, Self>,
     ) -> Result<(), ServerError>;
 
-    /// Copies `data` into `dst` on `stream`, after the work already issued there.
+    /// Copies `data` into `dst` on `stream`, after the work already issued there. The server
+    /// has already checked that `data` is not empty and fits `dst`.
     fn write(
         &mut self,
         stream: &mut Self::Stream,

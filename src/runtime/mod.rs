@@ -6,35 +6,48 @@
 //!    in persistent mode) owns CubeCL's opaque handles: it reserves, binds and resolves them,
 //!    and hands a freed tensor's slice to the next tensor of exactly the same size.
 //! 2. **The engine** ([`crate::alloc::CachingAllocator`]) is that manager's storage
-//!    ([`storage::EngineStorage`]): every new slice is one engine block, placed by PyTorch's
-//!    rules (small/large pools, best fit, split, coalesce) in segments it owns.
+//!    ([`EngineStorage`]): every new slice is one engine block, placed by PyTorch's rules
+//!    (small/large pools, best fit, split, coalesce) in segments it owns.
 //!
-//! Free slices go back to the engine ([`reclaim`]) before the engine would grow, on
-//! `memory_cleanup`/`empty_cache`, and on the out-of-memory path.
+//! Free slices go back to the engine ([`StreamMemory::reclaim`]) before the engine would grow,
+//! on `memory_cleanup`/`empty_cache`, and on the out-of-memory path.
 //!
-//! [`storage`] and [`reclaim`] need no GPU and no feature: they run on the simulated device in
-//! tests and benchmarks. The server, its [`driver::Driver`] trait and the drivers need the
-//! `runtime` feature (pulled in by `wgpu` and `cuda`).
+//! What is public here is what someone needs to put the engine under CubeCL's memory
+//! management in a server of their own: [`EngineStorage`] and [`persistent_manager`] (the
+//! storage and the manager over it), [`StreamMemory`] (one stream's manager with the reclaim
+//! policy), and the [`Driver`] trait that [`CachingServer`] runs on. The first three need no
+//! GPU and no feature: they run on the simulated device in tests and benchmarks. The server,
+//! the driver trait and the drivers need the `runtime` feature (pulled in by `wgpu` and
+//! `cuda`).
+//!
+//! Files: `storage` (the `ComputeStorage`), `stream_memory` (one stream's manager and its
+//! reclaim policy), `server/` (the `ComputeServer`, one file per concern), `driver` (the trait
+//! a device API implements), `error` (typed driver errors), `env` (the environment variables
+//! read when a device opens), `registry` (where the user API finds a device's allocator).
 
-pub mod reclaim;
-pub mod storage;
+mod storage;
+mod stream_memory;
+
+#[cfg(feature = "runtime")]
+mod driver;
+#[cfg(feature = "runtime")]
+pub(crate) mod env;
+#[cfg(feature = "runtime")]
+mod error;
+#[cfg(feature = "runtime")]
+pub(crate) mod registry;
+#[cfg(feature = "runtime")]
+pub(crate) mod server;
 
 #[cfg(feature = "cuda")]
-pub mod cuda;
-#[cfg(feature = "runtime")]
-pub mod driver;
-#[cfg(feature = "runtime")]
-pub mod registry;
-#[cfg(feature = "runtime")]
-pub mod server;
+pub use crate::cuda::{CachingCudaRuntime, CudaDriver};
 #[cfg(feature = "wgpu")]
-pub mod wgpu;
-
-#[cfg(feature = "cuda")]
-pub use cuda::{CachingCudaRuntime, CudaDriver};
+pub use crate::wgpu::{CachingWgpuRuntime, WgpuDriver};
 #[cfg(feature = "runtime")]
-pub use driver::Driver;
+pub use driver::{Driver, Launch, LaunchCount, Resource};
 #[cfg(feature = "runtime")]
-pub use server::CachingServer;
-#[cfg(feature = "wgpu")]
-pub use wgpu::{CachingWgpuRuntime, WgpuDriver};
+pub use error::DriverError;
+#[cfg(feature = "runtime")]
+pub use server::{CachingServer, CubeclLayerUsage};
+pub use storage::{EngineResource, EngineStorage, Growth, PersistentManager, persistent_manager};
+pub use stream_memory::{ReclaimCounters, ReclaimPolicy, ReserveError, StreamMemory};

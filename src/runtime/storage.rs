@@ -28,7 +28,7 @@ use cubecl_runtime::server::IoError;
 use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
 
 use crate::alloc::{AllocError, Allocation, CachingAllocator};
-use crate::device::{DeviceMemory, StreamId};
+use crate::device::{DeviceError, DeviceMemory, StreamId};
 
 /// Where a kernel finds a slice: the segment's device handle, and a byte range in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -202,11 +202,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
 
 /// The error a `ComputeStorage::alloc` of `size` bytes reports to CubeCL: `BufferTooBig` when
 /// no device could hold it, otherwise the failure described.
-pub(crate) fn storage_error(
-    size: u64,
-    too_large: bool,
-    failure: impl core::fmt::Display,
-) -> IoError {
+fn storage_error(size: u64, too_large: bool, failure: impl core::fmt::Display) -> IoError {
     if too_large {
         IoError::BufferTooBig {
             size,
@@ -217,6 +213,22 @@ pub(crate) fn storage_error(
             description: failure.to_string(),
             backtrace: BackTrace::capture(),
         }
+    }
+}
+
+/// A device failure as CubeCL's storage reports it: `BufferTooBig` when no single buffer of
+/// that size can exist on the device, otherwise `Unknown` with the device's message. For any
+/// `ComputeStorage` over a [`DeviceMemory`].
+impl From<DeviceError> for IoError {
+    fn from(err: DeviceError) -> Self {
+        let size = match err {
+            DeviceError::OutOfMemory { requested } | DeviceError::TooLarge { requested, .. } => {
+                requested
+            }
+            _ => 0,
+        };
+        let too_large = matches!(err, DeviceError::TooLarge { .. });
+        storage_error(size, too_large, format_args!("device: {err}"))
     }
 }
 

@@ -83,6 +83,9 @@ where
         batch,
         steps,
     } = shape;
+    // The device may have run other tests of this process: start, as a fresh device does,
+    // with nothing cached.
+    backend::empty_cache(device);
     B::seed(device, 42);
     let (x, y) = dataset(batch);
 

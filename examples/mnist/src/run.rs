@@ -1,0 +1,234 @@
+//! Trains on a backend picked at run time: the one place that names concrete
+//! backend types and their memory probes.
+
+use super::backend_choice::{BackendChoice, cuda_device_present, unavailable_reason};
+use super::dataset::MnistSet;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use super::probe::{AllocatorCounters, MemoryProbe};
+use super::report::TrainReport;
+use super::train::{TrainConfig, TrainError, TrainObserver};
+
+/// A finished run: the report and the allocator's summary, if it has one.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// The training report.
+    pub report: TrainReport,
+    /// The allocator's `memory_summary` (caching backends only).
+    pub summary: Option<String>,
+    /// Where the engine's trace was written (caching backends, when
+    /// `BURN_CACHING_ALLOC_TRACE` is set).
+    pub trace: Option<std::path::PathBuf>,
+}
+
+/// Why a run did not happen or did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The backend cannot run here; the message says what to pick instead.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Training failed.
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    /// Training finished but the trace asked for could not be written.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    #[error(transparent)]
+    Trace(#[from] burn_caching_alloc::backend::TraceError),
+}
+
+/// Trains on `choice` (after resolving `auto`) and returns the report.
+pub fn train_on(
+    choice: BackendChoice,
+    train: &MnistSet,
+    test: &MnistSet,
+    config: &TrainConfig,
+    observer: &mut dyn TrainObserver,
+) -> Result<RunOutcome, RunError> {
+    let choice = choice.resolve(cuda_device_present());
+    if let Some(reason) = unavailable_reason(choice) {
+        return Err(RunError::Unavailable(reason));
+    }
+    let name = choice.name();
+    match choice {
+        BackendChoice::Wgpu => stock_wgpu(name, train, test, config, observer),
+        BackendChoice::Cuda => stock_cuda(name, train, test, config, observer),
+        BackendChoice::CachingWgpu => caching_wgpu(name, train, test, config, observer),
+        BackendChoice::CachingCuda => caching_cuda(name, train, test, config, observer),
+        BackendChoice::Auto => Err(RunError::Unavailable(
+            "backend auto did not resolve to a concrete backend".into(),
+        )),
+    }
+}
+
+#[cfg(feature = "wgpu")]
+fn stock_wgpu(
+    name: &str,
+    train: &MnistSet,
+    test: &MnistSet,
+    config: &TrainConfig,
+    observer: &mut dyn TrainObserver,
+) -> Result<RunOutcome, RunError> {
+    use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
+    use burn::backend::{Autodiff, Wgpu};
+    let device = WgpuDevice::DefaultDevice;
+    let mut probe = super::probe::CubeclUsageProbe::<WgpuRuntime>::new(device.clone());
+    let report = super::train::train::<Autodiff<Wgpu>>(
+        &device, name, train, test, config, &mut probe, observer,
+    )?;
+    Ok(RunOutcome {
+        report,
+        summary: None,
+        trace: None,
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn stock_cuda(
+    name: &str,
+    train: &MnistSet,
+    test: &MnistSet,
+    config: &TrainConfig,
+    observer: &mut dyn TrainObserver,
+) -> Result<RunOutcome, RunError> {
+    use burn::backend::cuda::CudaDevice;
+    use burn::backend::{Autodiff, Cuda};
+    let device = CudaDevice::default();
+    let mut probe = super::probe::CubeclUsageProbe::<cubecl_cuda::CudaRuntime>::new(device.clone());
+    let report = super::train::train::<Autodiff<Cuda>>(
+        &device, name, train, test, config, &mut probe, observer,
+    )?;
+    Ok(RunOutcome {
+        report,
+        summary: None,
+        trace: None,
+    })
+}
+
+// The caching backends: `burn_caching_alloc::backend`'s aliases, read through
+// `memory_stats` / `memory_summary` (the engine's counters).
+
+#[cfg(feature = "wgpu")]
+fn caching_wgpu(
+    name: &str,
+    train: &MnistSet,
+    test: &MnistSet,
+    config: &TrainConfig,
+    observer: &mut dyn TrainObserver,
+) -> Result<RunOutcome, RunError> {
+    use burn::backend::Autodiff;
+    use burn::backend::wgpu::WgpuDevice;
+
+    use burn_caching_alloc::backend::CachingWgpu;
+    let device = WgpuDevice::DefaultDevice;
+    caching_run::<Autodiff<CachingWgpu>>(device, name, train, test, config, observer)
+}
+
+#[cfg(feature = "cuda")]
+fn caching_cuda(
+    name: &str,
+    train: &MnistSet,
+    test: &MnistSet,
+    config: &TrainConfig,
+    observer: &mut dyn TrainObserver,
+) -> Result<RunOutcome, RunError> {
+    use burn::backend::Autodiff;
+    use burn::backend::cuda::CudaDevice;
+
+    use burn_caching_alloc::backend::CachingCuda;
+    let device = CudaDevice::default();
+    caching_run::<Autodiff<CachingCuda>>(device, name, train, test, config, observer)
+}
+
+/// Trains on a caching backend, reading the allocator after every step.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn caching_run<B>(
+    device: B::Device,
+    name: &str,
+    train: &MnistSet,
+    test: &MnistSet,
+    config: &TrainConfig,
+    observer: &mut dyn TrainObserver,
+) -> Result<RunOutcome, RunError>
+where
+    B: burn::tensor::backend::AutodiffBackend,
+    B::Device: burn_caching_alloc::backend::CachingDevice,
+{
+    use burn_caching_alloc::backend::{TraceError, memory_stats, memory_summary, write_trace};
+
+    let stats_device = device.clone();
+    let summary_device = device.clone();
+    let mut probe = super::probe::AllocatorProbe::new(
+        move || AllocatorCounters::from(&memory_stats(&stats_device).engine),
+        move || memory_summary(&summary_device),
+    );
+    let report =
+        super::train::train::<B>(&device, name, train, test, config, &mut probe, observer)?;
+    let summary = probe.summary();
+    // `write_trace` reads BURN_CACHING_ALLOC_TRACE itself; unset means no trace was asked for.
+    let trace = match write_trace(&device) {
+        Ok(path) => Some(path),
+        Err(TraceError::NoPath) => None,
+        Err(err) => return Err(err.into()),
+    };
+    Ok(RunOutcome {
+        report,
+        summary,
+        trace,
+    })
+}
+
+// Backends whose feature is off: `unavailable_reason` already refused them,
+// so these only keep the match total.
+
+#[cfg(not(feature = "wgpu"))]
+fn stock_wgpu(
+    _: &str,
+    _: &MnistSet,
+    _: &MnistSet,
+    _: &TrainConfig,
+    _: &mut dyn TrainObserver,
+) -> Result<RunOutcome, RunError> {
+    Err(RunError::Unavailable(not_compiled(BackendChoice::Wgpu)))
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn caching_wgpu(
+    _: &str,
+    _: &MnistSet,
+    _: &MnistSet,
+    _: &TrainConfig,
+    _: &mut dyn TrainObserver,
+) -> Result<RunOutcome, RunError> {
+    Err(RunError::Unavailable(not_compiled(
+        BackendChoice::CachingWgpu,
+    )))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn stock_cuda(
+    _: &str,
+    _: &MnistSet,
+    _: &MnistSet,
+    _: &TrainConfig,
+    _: &mut dyn TrainObserver,
+) -> Result<RunOutcome, RunError> {
+    Err(RunError::Unavailable(not_compiled(BackendChoice::Cuda)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn caching_cuda(
+    _: &str,
+    _: &MnistSet,
+    _: &MnistSet,
+    _: &TrainConfig,
+    _: &mut dyn TrainObserver,
+) -> Result<RunOutcome, RunError> {
+    Err(RunError::Unavailable(not_compiled(
+        BackendChoice::CachingCuda,
+    )))
+}
+
+#[cfg(not(all(feature = "wgpu", feature = "cuda")))]
+fn not_compiled(choice: BackendChoice) -> String {
+    unavailable_reason(choice)
+        .unwrap_or_else(|| format!("backend {choice} is not compiled into this build"))
+}

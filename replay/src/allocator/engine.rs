@@ -1,0 +1,76 @@
+//! `caching`: the engine alone, with its default configuration (or the one given).
+
+use burn_caching_alloc::alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator};
+use burn_caching_alloc::device::{DeviceMemory, StreamId};
+
+use super::{ReplayAllocator, ReplayError};
+
+/// The caching engine over a device `D` (the simulated device, a metered one, CUDA).
+///
+/// Dropping it empties the engine's cache: once every allocation was freed (a replay frees
+/// them all), every segment goes back to the device.
+pub struct EngineAllocator<D: DeviceMemory> {
+    engine: CachingAllocator<D>,
+}
+
+impl<D: DeviceMemory> EngineAllocator<D> {
+    pub fn new(device: D) -> Self {
+        Self::with_config(device, AllocatorConfig::default())
+    }
+
+    pub fn with_config(device: D, config: AllocatorConfig) -> Self {
+        Self {
+            engine: CachingAllocator::new(device, config),
+        }
+    }
+
+    pub fn engine(&self) -> &CachingAllocator<D> {
+        &self.engine
+    }
+}
+
+impl<D: DeviceMemory> Drop for EngineAllocator<D> {
+    fn drop(&mut self) {
+        if let Err(err) = self.engine.empty_cache() {
+            log::error!("EngineAllocator: emptying the cache on drop failed: {err}");
+        }
+    }
+}
+
+fn replay_error(err: AllocError) -> ReplayError {
+    if err.is_out_of_memory() {
+        ReplayError::OutOfMemory(err.to_string())
+    } else {
+        ReplayError::Failed(err.to_string())
+    }
+}
+
+impl<D: DeviceMemory> ReplayAllocator for EngineAllocator<D> {
+    type Handle = Allocation<D::Handle>;
+
+    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Self::Handle, ReplayError> {
+        self.engine.malloc(size, stream).map_err(replay_error)
+    }
+
+    fn free(&mut self, handle: Self::Handle) -> Result<(), ReplayError> {
+        self.engine.free(handle).map_err(replay_error)
+    }
+
+    fn record_stream(
+        &mut self,
+        handle: &Self::Handle,
+        stream: StreamId,
+    ) -> Result<(), ReplayError> {
+        self.engine
+            .record_stream(handle, stream)
+            .map_err(replay_error)
+    }
+
+    fn empty_cache(&mut self) -> Result<(), ReplayError> {
+        self.engine.empty_cache().map(|_| ()).map_err(replay_error)
+    }
+
+    fn live_bytes(&self) -> u64 {
+        self.engine.stats().requested_bytes.all.current
+    }
+}

@@ -1,0 +1,137 @@
+//! `caching-stack`: what burn-caching-alloc's CubeCL server runs for each stream, on a device
+//! `D`: CubeCL's persistent pool (exact-size reuse of freed slices) over the engine's
+//! `ComputeStorage` ([`EngineStorage`](burn_caching_alloc::runtime::EngineStorage)), with the
+//! runtime's reclaim policy ([`StreamMemory`]: free slices go back to the engine before it
+//! would grow).
+//!
+//! A malloc is `reserve` then `bind` to a fresh client handle, a free drops the client handle,
+//! `empty_cache` reclaims every stream and empties the engine's cache. `record_stream` is a
+//! no-op here: the server records streams on engine blocks it resolves through CubeCL
+//! bindings, which a replay does not have. Dropping the allocator does what `empty_cache`
+//! does, so that once every handle was dropped every segment goes back to the device.
+
+use std::sync::Arc;
+
+use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
+use burn_caching_alloc::device::sim::SimDevice;
+use burn_caching_alloc::device::{DeviceMemory, StreamId};
+use burn_caching_alloc::runtime::StreamMemory;
+use cubecl_runtime::memory_management::ManagedMemoryHandle;
+
+use super::{ReplayAllocator, ReplayError, bind_client, cuda_memory_properties};
+
+/// One stream's memory of the caching stack, built the way the server builds it, on a device
+/// of `capacity` bytes.
+pub fn caching_stack_memory<D: DeviceMemory>(
+    engine: Arc<CachingAllocator<D>>,
+    stream: StreamId,
+    capacity: u64,
+) -> StreamMemory<D> {
+    StreamMemory::new(engine, stream, &cuda_memory_properties(capacity))
+}
+
+/// The caching stack over a device `D`.
+pub struct CachingStackAllocator<D: DeviceMemory> {
+    engine: Arc<CachingAllocator<D>>,
+    capacity: u64,
+    streams: Vec<(StreamId, StreamMemory<D>)>,
+    cursor: u64,
+}
+
+impl CachingStackAllocator<SimDevice> {
+    /// The stack with the engine's default configuration on a simulated device.
+    pub fn new(device: SimDevice) -> Self {
+        Self::with_config(device, AllocatorConfig::default())
+    }
+
+    /// The stack with the engine configured by `config` on a simulated device.
+    pub fn with_config(device: SimDevice, config: AllocatorConfig) -> Self {
+        let capacity = device.capacity();
+        Self::with_capacity(device, capacity, config)
+    }
+}
+
+impl<D: DeviceMemory> CachingStackAllocator<D> {
+    /// The stack with the engine configured by `config` on `device`, whose total memory is
+    /// `capacity` bytes (what CubeCL's memory properties derive from).
+    pub fn with_capacity(device: D, capacity: u64, config: AllocatorConfig) -> Self {
+        Self {
+            engine: Arc::new(CachingAllocator::new(device, config)),
+            capacity,
+            streams: Vec::new(),
+            cursor: 0,
+        }
+    }
+
+    pub fn engine(&self) -> &CachingAllocator<D> {
+        &self.engine
+    }
+
+    fn stream(&mut self, stream: StreamId) -> &mut StreamMemory<D> {
+        let index = match self.streams.iter().position(|(s, _)| *s == stream) {
+            Some(index) => index,
+            None => {
+                let memory = caching_stack_memory(self.engine.clone(), stream, self.capacity);
+                self.streams.push((stream, memory));
+                self.streams.len() - 1
+            }
+        };
+        &mut self.streams[index].1
+    }
+}
+
+impl<D: DeviceMemory> Drop for CachingStackAllocator<D> {
+    fn drop(&mut self) {
+        // Free slices go back to the engine (a slice still bound to a live handle stays an
+        // allocated engine block, and its segment with it), then the engine's cache goes back
+        // to the device.
+        for (_, memory) in &mut self.streams {
+            memory.reclaim();
+        }
+        self.streams.clear();
+        if let Err(err) = self.engine.empty_cache() {
+            log::error!("CachingStackAllocator: emptying the cache on drop failed: {err}");
+        }
+    }
+}
+
+impl<D: DeviceMemory> ReplayAllocator for CachingStackAllocator<D> {
+    type Handle = ManagedMemoryHandle;
+
+    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Self::Handle, ReplayError> {
+        self.cursor += 1;
+        let cursor = self.cursor;
+        let memory = self.stream(stream);
+        let reserved = memory.reserve(size).map_err(|err| match &err.engine {
+            Some(engine) if engine.is_out_of_memory() => ReplayError::OutOfMemory(err.to_string()),
+            _ => ReplayError::Failed(format!("caching stack reserve of {size} bytes: {err}")),
+        })?;
+        bind_client(memory.manager(), reserved, cursor)
+    }
+
+    fn free(&mut self, handle: Self::Handle) -> Result<(), ReplayError> {
+        drop(handle);
+        Ok(())
+    }
+
+    fn record_stream(&mut self, _: &Self::Handle, _: StreamId) -> Result<(), ReplayError> {
+        Ok(())
+    }
+
+    fn empty_cache(&mut self) -> Result<(), ReplayError> {
+        for (_, memory) in &mut self.streams {
+            memory.reclaim();
+        }
+        self.engine
+            .empty_cache()
+            .map(|_| ())
+            .map_err(|err| ReplayError::Failed(err.to_string()))
+    }
+
+    fn live_bytes(&self) -> u64 {
+        self.streams
+            .iter()
+            .map(|(_, m)| m.usage().bytes_in_use)
+            .sum()
+    }
+}

@@ -1,0 +1,25 @@
+//! Reading trace files: JSON (`Trace` as the engine serialises it), optionally gzipped.
+
+use std::path::Path;
+
+use burn_caching_alloc::alloc::Trace;
+use replay::NamedTrace;
+
+/// Loads `path` (`.json` or `.json.gz`); the trace is named after the file.
+pub fn load_trace(path: &Path) -> Result<NamedTrace, String> {
+    let trace = Trace::read_file(path).map_err(|e| e.to_string())?;
+    Ok(NamedTrace {
+        name: trace_name(path),
+        trace,
+    })
+}
+
+/// The file name without `.gz` and `.json`.
+fn trace_name(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    let name = name.strip_suffix(".gz").unwrap_or(&name);
+    name.strip_suffix(".json").unwrap_or(name).to_string()
+}

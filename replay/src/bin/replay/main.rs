@@ -1,0 +1,241 @@
+//! Replays allocation traces through burn-caching-alloc's caching engine and CubeCL 0.10's own
+//! memory management, over the same device (simulated, or a real CUDA device), and reports CPU time
+//! per operation, device calls and peak memory.
+//!
+//! ```text
+//! cargo run --release -p replay
+//! cargo run --release -p replay -- replay/traces/*.json.gz \
+//!     --runs 10 --json results.json --svg reserved.svg --allocators caching,cubecl-subslices
+//! cargo run --release -p replay --features cuda -- --device cuda
+//! ```
+//!
+//! With no trace files it replays the built-in set (`replay::builtin`).
+//! `--device sim` (the default) runs on a simulated device of `--capacity-gib` GiB;
+//! `--device cuda` (feature `cuda`) runs on CUDA device 0, every pass on real device memory,
+//! with CubeCL's pools sized from the device's total memory as cubecl-cuda sizes them. Without
+//! CUDA it prints why and exits with status 1.
+
+mod load;
+mod svg;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use burn_caching_alloc::alloc::AllocatorConfig;
+use clap::{Parser, ValueEnum};
+use replay::report::{json_rows, markdown_table};
+use replay::runner::timer_overhead_ns;
+use replay::{
+    AllocatorKind, DEFAULT_DEVICE_CAPACITY, MeasureOptions, Measurement, NamedTrace, Program,
+    ReplayDevice, SimReplayDevice, builtin_traces, measure_on,
+};
+
+/// The device the replays run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum DeviceArg {
+    /// A simulated device of --capacity-gib GiB.
+    Sim,
+    /// CUDA device 0 (needs the `cuda` feature and an NVIDIA GPU).
+    Cuda,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Replay allocation traces through the caching engine and CubeCL's pools")]
+struct Args {
+    /// Trace files (JSON, or gzipped JSON ending in .gz). None: the built-in set.
+    traces: Vec<PathBuf>,
+    /// The device to replay on: simulated, or CUDA device 0 (built with the `cuda` feature).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Sim)]
+    device: DeviceArg,
+    /// Timed replays per trace and allocator (latencies are pooled over them).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Comma-separated allocators: caching, cubecl-subslices, cubecl-exclusive, caching-stack.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "caching,cubecl-subslices,cubecl-exclusive,caching-stack"
+    )]
+    allocators: Vec<String>,
+    /// Capacity of the simulated device in GiB, 24 by default (CubeCL's page size is a quarter
+    /// of it). `--device sim` only: on CUDA the capacity is the device's total memory.
+    #[arg(long, value_name = "GIB")]
+    capacity_gib: Option<u64>,
+    /// The engine's configuration for caching and caching-stack, in PyTorch's syntax
+    /// (e.g. "roundup_power2_divisions:4,max_split_size_mb:128"). Default: the engine's default.
+    #[arg(long, default_value = "")]
+    caching_config: String,
+    /// Write the results as a JSON array here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw reserved-over-time curves (one panel per trace) into this SVG file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let kinds = args
+        .allocators
+        .iter()
+        .map(|name| AllocatorKind::parse(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    if kinds.is_empty() {
+        return Err("--allocators names no allocator".into());
+    }
+    let traces: Vec<NamedTrace> = if args.traces.is_empty() {
+        builtin_traces()
+    } else {
+        args.traces
+            .iter()
+            .map(|p| load::load_trace(p))
+            .collect::<Result<_, _>>()?
+    };
+    let engine_config = AllocatorConfig::parse(&args.caching_config)
+        .map_err(|e| format!("--caching-config {:?}: {e}", args.caching_config))?;
+
+    match args.device {
+        DeviceArg::Sim => {
+            let gib = args.capacity_gib.unwrap_or(DEFAULT_DEVICE_CAPACITY >> 30);
+            let capacity = gib
+                .checked_mul(1 << 30)
+                .filter(|&c| c > 0)
+                .ok_or_else(|| format!("--capacity-gib {gib} is out of range"))?;
+            let options = MeasureOptions {
+                capacity,
+                runs: args.runs,
+                engine_config,
+            };
+            replay_all(
+                &SimReplayDevice::new(capacity),
+                &args,
+                &kinds,
+                &traces,
+                &options,
+            )
+        }
+        DeviceArg::Cuda => run_cuda(&args, &kinds, &traces, engine_config),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda(
+    args: &Args,
+    kinds: &[AllocatorKind],
+    traces: &[NamedTrace],
+    engine_config: AllocatorConfig,
+) -> Result<(), String> {
+    use burn_caching_alloc::cuda::cuda_available;
+    use replay::devices::CudaReplayDevice;
+
+    if args.capacity_gib.is_some() {
+        eprintln!(
+            "note: --capacity-gib applies to the simulated device only; ignored with --device cuda"
+        );
+    }
+    cuda_available().map_err(|reason| format!("CUDA is not available: {reason}"))?;
+    let device =
+        CudaReplayDevice::new(0).map_err(|reason| format!("CUDA is not available: {reason}"))?;
+    let options = MeasureOptions {
+        capacity: device.capacity(),
+        runs: args.runs,
+        engine_config,
+    };
+    replay_all(&device, args, kinds, traces, &options)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(
+    _: &Args,
+    _: &[AllocatorKind],
+    _: &[NamedTrace],
+    _: AllocatorConfig,
+) -> Result<(), String> {
+    Err(
+        "--device cuda: this binary was built without the cuda feature \
+         (cargo run --release -p replay --features cuda -- --device cuda)"
+            .into(),
+    )
+}
+
+/// Replays every trace through every allocator on `device`, and writes the reports.
+fn replay_all<R: ReplayDevice>(
+    device: &R,
+    args: &Args,
+    kinds: &[AllocatorKind],
+    traces: &[NamedTrace],
+    options: &MeasureOptions,
+) -> Result<(), String> {
+    eprintln!(
+        "device: {}; {} timed run(s) per replay; clock overhead {} ns \
+         (subtracted from every sample); engine configuration: {:?}",
+        device.describe(),
+        args.runs,
+        timer_overhead_ns(),
+        args.caching_config
+    );
+    let mut measurements: Vec<Measurement> = Vec::new();
+    let mut allocated_curves = Vec::new();
+    for named in traces {
+        let program =
+            Program::compile(&named.trace).map_err(|e| format!("trace {}: {e}", named.name))?;
+        if program.skipped_events() > 0 || program.appended_frees() > 0 {
+            eprintln!(
+                "{}: skipped {} events of allocations the recording ring dropped; appended {} \
+                 frees of allocations left live",
+                named.name,
+                program.skipped_events(),
+                program.appended_frees()
+            );
+        }
+        for &kind in kinds {
+            eprintln!(
+                "replaying {} ({} ops) through {kind} ...",
+                named.name,
+                program.ops().len()
+            );
+            let m = measure_on(device, &named.name, &program, kind, options)
+                .map_err(|e| format!("trace {} through {kind}: {e}", named.name))?;
+            if m.ooms > 0 {
+                eprintln!("  {kind}: {} requests failed with out-of-memory", m.ooms);
+            }
+            measurements.push(m);
+        }
+        allocated_curves.push(program.allocated_curve());
+    }
+
+    print!("{}", markdown_table(&measurements));
+
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&json_rows(&measurements))
+            .map_err(|e| format!("cannot serialise the results: {e}"))?;
+        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.svg {
+        let panels: Vec<svg::Panel<'_>> = traces
+            .iter()
+            .zip(allocated_curves)
+            .map(|(named, allocated)| svg::Panel {
+                trace: &named.name,
+                allocated,
+                measurements: measurements
+                    .iter()
+                    .filter(|m| m.trace == named.name)
+                    .collect(),
+            })
+            .collect();
+        svg::draw(path, &panels).map_err(|e| format!("cannot draw {}: {e}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

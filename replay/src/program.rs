@@ -1,0 +1,196 @@
+//! A trace compiled for replay: its inputs, checked, with allocation ids turned into slots.
+//!
+//! Compiling checks that the trace is well formed (every free and every stream record names
+//! a live allocation, no id is allocated twice while live, no request is of zero bytes) and
+//! computes what is a property of the trace alone, whatever the allocator: the bytes of live
+//! requests after every operation and their peak.
+
+use std::collections::HashMap;
+
+use burn_caching_alloc::alloc::{Trace, TraceEvent};
+use burn_caching_alloc::device::StreamId;
+
+/// One replayable operation. `slot` indexes a table of live handles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Malloc {
+        slot: u32,
+        size: u64,
+        stream: StreamId,
+    },
+    Free {
+        slot: u32,
+    },
+    RecordStream {
+        slot: u32,
+        stream: StreamId,
+    },
+    EmptyCache,
+}
+
+/// Why a trace cannot be replayed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TraceError {
+    #[error("event {index}: free of allocation {id}, which is not live")]
+    FreeOfDeadAllocation { index: usize, id: u64 },
+    #[error("event {index}: record_stream of allocation {id}, which is not live")]
+    RecordOfDeadAllocation { index: usize, id: u64 },
+    #[error("event {index}: allocation {id} is allocated again while still live")]
+    DuplicateAllocation { index: usize, id: u64 },
+    #[error("event {index}: allocation {id} requests zero bytes")]
+    ZeroSize { index: usize, id: u64 },
+    #[error("the trace has no malloc")]
+    Empty,
+}
+
+/// A checked trace, ready to replay.
+#[derive(Clone, Debug)]
+pub struct Program {
+    ops: Vec<Op>,
+    slots: usize,
+    mallocs: usize,
+    peak_allocated: u64,
+    peak_op: usize,
+    appended_frees: usize,
+    skipped_events: usize,
+}
+
+impl Program {
+    /// Compiles the inputs of `trace`. Allocations still live at the end get a free appended,
+    /// so every replay ends with nothing allocated.
+    ///
+    /// A recorded trace whose ring overwrote events (`dropped > 0`) may free or record
+    /// allocations whose malloc fell off the ring; those events are skipped (and counted in
+    /// [`Program::skipped_events`]). In a complete trace they are errors.
+    pub fn compile(trace: &Trace) -> Result<Self, TraceError> {
+        let lenient = trace.dropped > 0;
+        let mut ops = Vec::new();
+        let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
+        let mut free_slots: Vec<u32> = Vec::new();
+        let mut slots = 0usize;
+        let mut mallocs = 0usize;
+        let mut allocated = 0u64;
+        let mut peak_allocated = 0u64;
+        let mut peak_op = 0usize;
+        let mut skipped_events = 0usize;
+        for (index, event) in trace.events.iter().enumerate() {
+            match *event {
+                TraceEvent::Malloc {
+                    id, size, stream, ..
+                } => {
+                    if size == 0 {
+                        return Err(TraceError::ZeroSize { index, id });
+                    }
+                    if live.contains_key(&id) {
+                        return Err(TraceError::DuplicateAllocation { index, id });
+                    }
+                    let slot = free_slots.pop().unwrap_or_else(|| {
+                        slots += 1;
+                        (slots - 1) as u32
+                    });
+                    live.insert(id, (slot, size));
+                    mallocs += 1;
+                    allocated += size;
+                    ops.push(Op::Malloc {
+                        slot,
+                        size,
+                        stream: StreamId(stream),
+                    });
+                    if allocated > peak_allocated {
+                        peak_allocated = allocated;
+                        peak_op = ops.len() - 1;
+                    }
+                }
+                TraceEvent::FreeRequested { id } => match live.remove(&id) {
+                    Some((slot, size)) => {
+                        allocated -= size;
+                        free_slots.push(slot);
+                        ops.push(Op::Free { slot });
+                    }
+                    None if lenient => skipped_events += 1,
+                    None => return Err(TraceError::FreeOfDeadAllocation { index, id }),
+                },
+                TraceEvent::RecordStream { id, stream } => match live.get(&id) {
+                    Some(&(slot, _)) => ops.push(Op::RecordStream {
+                        slot,
+                        stream: StreamId(stream),
+                    }),
+                    None if lenient => skipped_events += 1,
+                    None => return Err(TraceError::RecordOfDeadAllocation { index, id }),
+                },
+                TraceEvent::EmptyCache => ops.push(Op::EmptyCache),
+                _ => {}
+            }
+        }
+        if mallocs == 0 {
+            return Err(TraceError::Empty);
+        }
+        let mut leftovers: Vec<(u64, u32)> = live.iter().map(|(id, (s, _))| (*id, *s)).collect();
+        leftovers.sort_unstable();
+        let appended_frees = leftovers.len();
+        ops.extend(leftovers.into_iter().map(|(_, slot)| Op::Free { slot }));
+        Ok(Self {
+            ops,
+            slots,
+            mallocs,
+            peak_allocated,
+            peak_op,
+            appended_frees,
+            skipped_events,
+        })
+    }
+
+    pub fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+
+    /// Size of the handle table a replay needs.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    pub fn mallocs(&self) -> usize {
+        self.mallocs
+    }
+
+    /// Peak of the bytes of live requests: a property of the trace, the same for every
+    /// allocator that serves every request.
+    pub fn peak_allocated(&self) -> u64 {
+        self.peak_allocated
+    }
+
+    /// Index of the operation after which live requests first reach their peak.
+    pub fn peak_op(&self) -> usize {
+        self.peak_op
+    }
+
+    /// Frees appended for allocations the trace left live.
+    pub fn appended_frees(&self) -> usize {
+        self.appended_frees
+    }
+
+    /// Frees and stream records skipped because their malloc fell off a recording ring.
+    pub fn skipped_events(&self) -> usize {
+        self.skipped_events
+    }
+
+    /// Bytes of live requests after each operation.
+    pub fn allocated_curve(&self) -> Vec<u64> {
+        let mut sizes = vec![0u64; self.slots];
+        let mut allocated = 0u64;
+        self.ops
+            .iter()
+            .map(|op| {
+                match *op {
+                    Op::Malloc { slot, size, .. } => {
+                        sizes[slot as usize] = size;
+                        allocated += size;
+                    }
+                    Op::Free { slot } => allocated -= sizes[slot as usize],
+                    Op::RecordStream { .. } | Op::EmptyCache => {}
+                }
+                allocated
+            })
+            .collect()
+    }
+}

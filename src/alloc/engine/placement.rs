@@ -1,0 +1,228 @@
+//! Where a block goes: best fit among cached blocks, splitting on allocation, merging on free.
+//!
+//! Best fit is the smallest free block of the request's own stream and pool that is large
+//! enough. `max_split_size` keeps oversize blocks whole: a request under it never takes an
+//! oversize block (that would pin a large segment for a small tensor), and a request at or
+//! above it takes one only if the block is less than `max_non_split_rounding` larger.
+//!
+//! Split: in the small pool any remainder of at least 512 bytes becomes a free block; in the
+//! large pool only a remainder of more than 1 MiB, and only from a block under
+//! `max_split_size`, so the large pool does not fill with slivers no large request can use.
+//!
+//! Merge: a block that becomes free absorbs its free neighbours in the segment (a neighbour
+//! still waiting on stream events stays apart until its own free completes).
+
+use super::Engine;
+use crate::alloc::block::{Block, BlockId, BlockState};
+use crate::alloc::size::{MIN_BLOCK_SIZE, PoolKind, SMALL_SIZE};
+use crate::alloc::trace::TraceEvent;
+use crate::device::{DeviceMemory, StreamId};
+
+impl<D: DeviceMemory> Engine<D> {
+    /// The best cached block for a request, without taking it.
+    pub fn find_free_block(
+        &self,
+        pool: PoolKind,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Option<BlockId> {
+        let (block_size, block) = self.free_list_ref(pool).best_fit(stream, rounded)?;
+        let max_split = self.max_split();
+        if rounded < max_split && block_size >= max_split {
+            return None;
+        }
+        if rounded >= max_split
+            && block_size >= rounded.saturating_add(self.config.max_non_split_rounding)
+        {
+            return None;
+        }
+        Some(block)
+    }
+
+    /// Takes the best cached block for a request out of its free list.
+    pub fn take_free_block(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Option<BlockId> {
+        let block = self.find_free_block(pool, stream, rounded)?;
+        self.unlist(block);
+        Some(block)
+    }
+
+    /// Removes a free block from its free list.
+    pub fn unlist(&mut self, block: BlockId) {
+        let (pool, stream, address) = (
+            self.blocks.pool(block),
+            self.blocks.stream(block),
+            self.blocks.address(block),
+        );
+        let size = self.blocks.blocks[block].size;
+        let removed = self.free_list(pool).remove(stream, size, address);
+        debug_assert_eq!(
+            removed,
+            Some(block),
+            "free block missing from its free list"
+        );
+    }
+
+    /// Puts a free block in its free list.
+    fn list(&mut self, block: BlockId) {
+        let (pool, stream, address) = (
+            self.blocks.pool(block),
+            self.blocks.stream(block),
+            self.blocks.address(block),
+        );
+        let size = self.blocks.blocks[block].size;
+        self.free_list(pool).insert(stream, size, address, block);
+    }
+
+    fn should_split(&self, pool: PoolKind, block_size: u64, rounded: u64) -> bool {
+        let remaining = block_size - rounded;
+        match pool {
+            PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
+            PoolKind::Large => block_size < self.max_split() && remaining > SMALL_SIZE,
+        }
+    }
+
+    /// (count, bytes) a block adds to `inactive_split`: free blocks of split segments.
+    fn inactive_split_share(&self, block: BlockId) -> (i64, i64) {
+        let b = &self.blocks.blocks[block];
+        if b.state == BlockState::Inactive && b.is_split() {
+            (1, b.size as i64)
+        } else {
+            (0, 0)
+        }
+    }
+
+    fn change_inactive_split(&mut self, pool: PoolKind, before: (i64, i64), after: (i64, i64)) {
+        if before.0 != after.0 {
+            self.stats.inactive_split.change(pool, after.0 - before.0);
+        }
+        if before.1 != after.1 {
+            self.stats
+                .inactive_split_bytes
+                .change(pool, after.1 - before.1);
+        }
+    }
+
+    /// Hands out a free, unlisted block for a request, splitting off the remainder if the
+    /// rules allow, and returns it.
+    pub fn allocate_block(&mut self, block: BlockId, rounded: u64, requested: u64) -> BlockId {
+        let pool = self.blocks.pool(block);
+        let before = self.inactive_split_share(block);
+        let mut after = (0, 0);
+        let block_size = self.blocks.blocks[block].size;
+        if self.should_split(pool, block_size, rounded) {
+            let b = &self.blocks.blocks[block];
+            let remainder = Block {
+                segment: b.segment,
+                offset: b.offset + rounded,
+                size: block_size - rounded,
+                requested: 0,
+                state: BlockState::Inactive,
+                prev: Some(block),
+                next: b.next,
+                stream_uses: Vec::new(),
+                pending_events: 0,
+                allocation_id: 0,
+                freed_at: b.freed_at,
+            };
+            let remainder = self.blocks.blocks.insert(remainder);
+            if let Some(next) = self.blocks.blocks[block].next {
+                self.blocks.blocks[next].prev = Some(remainder);
+            }
+            let b = &mut self.blocks.blocks[block];
+            b.next = Some(remainder);
+            b.size = rounded;
+            self.list(remainder);
+            after = self.inactive_split_share(remainder);
+        }
+        self.change_inactive_split(pool, before, after);
+
+        let id = self.next_allocation_id;
+        self.next_allocation_id += 1;
+        let max_split = self.max_split();
+        let b = &mut self.blocks.blocks[block];
+        b.state = BlockState::ActiveAllocated;
+        b.requested = requested;
+        b.allocation_id = id;
+        let size = b.size;
+
+        let stats = &mut self.stats;
+        stats.allocation.increase(pool, 1);
+        stats.allocated_bytes.increase(pool, size);
+        stats.active.increase(pool, 1);
+        stats.active_bytes.increase(pool, size);
+        stats.requested_bytes.increase(pool, requested);
+        if size >= max_split {
+            stats.oversize_allocations.increase(1);
+        }
+        let (stream, address) = (self.blocks.stream(block), self.blocks.address(block));
+        self.record(|| TraceEvent::Malloc {
+            id,
+            size: requested,
+            stream: stream.0,
+            block_size: size,
+            address,
+        });
+        block
+    }
+
+    /// Makes a freed block reusable: merges it with free neighbours and lists the result.
+    pub fn free_block(&mut self, block: BlockId) {
+        let pool = self.blocks.pool(block);
+        let clock = self.clock;
+        let b = &mut self.blocks.blocks[block];
+        let (size, id) = (b.size, b.allocation_id);
+        b.state = BlockState::Inactive;
+        b.stream_uses.clear();
+        b.requested = 0;
+        b.allocation_id = 0;
+        b.freed_at = clock;
+        self.stats.active.decrease(pool, 1);
+        self.stats.active_bytes.decrease(pool, size);
+
+        let mut before = (0, 0);
+        let neighbours = [
+            self.blocks.blocks[block].prev,
+            self.blocks.blocks[block].next,
+        ];
+        for neighbour in neighbours.into_iter().flatten() {
+            if self.blocks.blocks[neighbour].state == BlockState::Inactive {
+                let share = self.inactive_split_share(neighbour);
+                before = (before.0 + share.0, before.1 + share.1);
+                self.unlist(neighbour);
+                self.absorb(block, neighbour);
+            }
+        }
+        let after = self.inactive_split_share(block);
+        self.change_inactive_split(pool, before, after);
+        self.list(block);
+        self.record(|| TraceEvent::FreeCompleted { id });
+    }
+
+    /// Merges the free neighbour `other` into `block` and drops `other`.
+    fn absorb(&mut self, block: BlockId, other: BlockId) {
+        let o = self.blocks.blocks.remove(other);
+        let segment = o.segment;
+        let b = &mut self.blocks.blocks[block];
+        b.size += o.size;
+        b.freed_at = b.freed_at.max(o.freed_at);
+        if b.prev == Some(other) {
+            b.offset = o.offset;
+            b.prev = o.prev;
+            if let Some(prev) = o.prev {
+                self.blocks.blocks[prev].next = Some(block);
+            } else {
+                self.blocks.segments[segment].first = block;
+            }
+        } else {
+            b.next = o.next;
+            if let Some(next) = o.next {
+                self.blocks.blocks[next].prev = Some(block);
+            }
+        }
+    }
+}

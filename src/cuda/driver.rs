@@ -1,0 +1,464 @@
+//! The CUDA [`Driver`]: kernels from cubecl-cpp through NVRTC, one CUDA stream per CubeCL
+//! stream, launches with the device pointers the server resolved, pinned staging for copies.
+//!
+//! Every call first makes the device's primary context current on the calling thread (CubeCL
+//! may call the server from any thread). CUDA runs a stream's work in issue order, which is
+//! the ordering contract of [`Driver`]; work is submitted when issued, so `flush` has nothing
+//! to submit and only returns finished staging buffers to their pool.
+//!
+//! Kernel metadata (scalars, shapes, strides) is compiled as a buffer argument after the
+//! kernel's buffers. Each launch copies it into a small stream-ordered allocation
+//! (`cuMemAllocAsync`, freed with `cuMemFreeAsync` after the launch): scratch of the driver,
+//! a few hundred bytes, not tensor memory, so it bypasses the engine.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cubecl_common::backtrace::BackTrace;
+use cubecl_common::bytes::Bytes;
+use cubecl_common::device::DeviceId;
+use cubecl_common::future::DynFut;
+use cubecl_ir::DeviceProperties;
+use cubecl_runtime::compiler::CubeTask;
+use cubecl_runtime::server::{ExecutionMode, KernelArguments, LaunchError, ServerError};
+use cudarc::driver::CudaContext;
+use cudarc::driver::result;
+use cudarc::driver::sys;
+
+use super::events::{EventPool, PooledEvent};
+use super::kernel::{self, CudaCppCompiler, CudaKernel};
+use super::memory::CudaMemory;
+use super::probe::open_context;
+use super::properties::{self, CudaDeviceSetup};
+use super::staging::{self, MAX_PINNED_TRANSFER, PendingWrites, StagingPool};
+use super::streams::CudaStreams;
+use crate::device::StreamId;
+use crate::runtime::{Driver, DriverError, Launch, LaunchCount, Resource};
+
+/// Events the driver creates up front for syncs, reads and cross-stream waits.
+const PREWARMED_EVENTS: usize = 32;
+
+fn generic(reason: String) -> ServerError {
+    ServerError::Generic {
+        reason,
+        backtrace: BackTrace::capture(),
+    }
+}
+
+/// A failed CUDA call, typed, as CubeCL's error.
+fn cuda_failure(call: &'static str, err: result::DriverError) -> ServerError {
+    DriverError::call("CUDA", call, format!("{:?}", err.0)).into()
+}
+
+/// Driver state of a CubeCL stream: its CUDA stream.
+#[derive(Debug)]
+pub struct CudaStream {
+    id: StreamId,
+    raw: sys::CUstream,
+}
+
+// SAFETY: a CUstream is a driver handle usable from any thread with its context current; the
+// stream table keeps it alive as long as the driver.
+unsafe impl Send for CudaStream {}
+
+impl CudaStream {
+    /// The engine's name of the stream.
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+}
+
+/// CUDA as the caching server drives it.
+#[derive(Debug)]
+pub struct CudaDriver {
+    context: Arc<CudaContext>,
+    streams: Arc<CudaStreams>,
+    events: Arc<EventPool>,
+    staging: Arc<StagingPool>,
+    pending_writes: PendingWrites,
+    memory: Option<CudaMemory>,
+    setup: CudaDeviceSetup,
+}
+
+// SAFETY: every raw handle inside is a driver handle usable from any thread once the context
+// is current, and every method binds the context first.
+unsafe impl Send for CudaDriver {}
+
+impl CudaDriver {
+    /// The device's compute capability, `major * 10 + minor`.
+    pub fn arch(&self) -> u32 {
+        self.setup.arch
+    }
+
+    /// The device's name.
+    pub fn device_name(&self) -> &str {
+        &self.setup.name
+    }
+
+    fn bind(&self) -> Result<(), ServerError> {
+        self.context
+            .bind_to_thread()
+            .map_err(|err| cuda_failure("cuCtxSetCurrent", err))
+    }
+
+    fn record(&self, stream: &CudaStream) -> Result<PooledEvent, ServerError> {
+        // SAFETY: the stream is live for as long as the stream table, which the driver holds.
+        unsafe { self.events.record(stream.raw) }.map_err(|err| DriverError::from(err).into())
+    }
+
+    /// Copies `bytes` bytes from the device to pageable host memory. Issued on `stream`; the
+    /// driver returns only once the copy is done.
+    fn read_pageable(
+        &self,
+        stream: &CudaStream,
+        src: sys::CUdeviceptr,
+        bytes: usize,
+    ) -> Result<Vec<u8>, ServerError> {
+        let mut host = vec![0u8; bytes];
+        // SAFETY: `src` addresses at least `bytes` bytes of a live block (checked by the
+        // caller); `host` holds `bytes` bytes.
+        unsafe { result::memcpy_dtoh_async(&mut host, src, stream.raw) }
+            .map_err(|err| cuda_failure("cuMemcpyDtoHAsync", err))?;
+        // Pageable destinations are copied synchronously; synchronise anyway so the data is
+        // complete whatever the driver version does.
+        // SAFETY: a live stream.
+        unsafe { result::stream::synchronize(stream.raw) }
+            .map_err(|err| cuda_failure("cuStreamSynchronize", err))?;
+        Ok(host)
+    }
+
+    /// Uploads the launch metadata into a stream-ordered scratch allocation.
+    fn upload_info(&self, stream: &CudaStream, info: &[u64]) -> Result<InfoBuffer, ServerError> {
+        let bytes: Vec<u8> = info.iter().flat_map(|value| value.to_ne_bytes()).collect();
+        let async_alloc = self.context.has_async_alloc();
+        // SAFETY: a fresh allocation of `bytes.len()` bytes, written before the launch that
+        // reads it, in stream order.
+        unsafe {
+            let ptr = if async_alloc {
+                result::malloc_async(stream.raw, bytes.len())
+                    .map_err(|err| cuda_failure("cuMemAllocAsync", err))?
+            } else {
+                result::malloc_sync(bytes.len()).map_err(|err| cuda_failure("cuMemAlloc", err))?
+            };
+            // A pageable source is staged by the driver before the call returns.
+            if let Err(err) = result::memcpy_htod_async(ptr, &bytes, stream.raw) {
+                let _ = InfoBuffer { ptr, async_alloc }.free(stream);
+                return Err(cuda_failure("cuMemcpyHtoDAsync", err));
+            }
+            Ok(InfoBuffer { ptr, async_alloc })
+        }
+    }
+}
+
+/// Scratch memory holding one launch's metadata.
+struct InfoBuffer {
+    ptr: sys::CUdeviceptr,
+    async_alloc: bool,
+}
+
+impl InfoBuffer {
+    /// Frees the scratch after the work issued so far on `stream`.
+    fn free(self, stream: &CudaStream) -> Result<(), ServerError> {
+        // SAFETY: allocated by `upload_info`, freed once; a synchronous allocation is freed
+        // after the stream finished the launch that reads it.
+        unsafe {
+            if self.async_alloc {
+                result::free_async(self.ptr, stream.raw)
+                    .map_err(|err| cuda_failure("cuMemFreeAsync", err))
+            } else {
+                result::stream::synchronize(stream.raw)
+                    .map_err(|err| cuda_failure("cuStreamSynchronize", err))?;
+                result::free_sync(self.ptr).map_err(|err| cuda_failure("cuMemFree", err))
+            }
+        }
+    }
+}
+
+fn device_pointer(resource: &Resource<CudaDriver>) -> sys::CUdeviceptr {
+    resource.segment + resource.offset
+}
+
+impl Driver for CudaDriver {
+    type Memory = CudaMemory;
+    type Compiler = CudaCppCompiler;
+    type Info = ();
+    type Stream = CudaStream;
+    type Event = PooledEvent;
+    type Kernel = CudaKernel;
+
+    fn open(device: DeviceId) -> Result<Self, DriverError> {
+        let ordinal = device.index_id as usize;
+        let context = open_context(ordinal)?;
+        let streams = CudaStreams::new(context.clone());
+        let memory = CudaMemory::with_streams(streams.clone())?;
+        let setup = properties::probe(&context, memory.total_memory())?;
+        let events = EventPool::new(context.clone(), PREWARMED_EVENTS)?;
+        Ok(Self {
+            staging: StagingPool::new(context.clone()),
+            context,
+            streams,
+            events,
+            pending_writes: PendingWrites::default(),
+            memory: Some(memory),
+            setup,
+        })
+    }
+
+    fn memory(&mut self) -> CudaMemory {
+        match self.memory.take() {
+            Some(memory) => memory,
+            // The server asks once; a second server over the same driver gets its own pool of
+            // events over the same streams.
+            None => CudaMemory::with_streams(self.streams.clone())
+                .unwrap_or_else(|err| panic!("caching allocator: CUDA device memory: {err}")),
+        }
+    }
+
+    fn properties(&self) -> DeviceProperties {
+        self.setup.properties.clone()
+    }
+
+    fn info(&self) {}
+
+    fn create_stream(&mut self, id: StreamId) -> CudaStream {
+        match self.streams.get_or_create(id) {
+            Ok(raw) => CudaStream { id, raw },
+            Err(err) => {
+                log::error!(
+                    "caching allocator: cannot create a CUDA stream for {id} ({err}); using \
+                     the device's default stream"
+                );
+                CudaStream {
+                    id,
+                    raw: result::stream::null(),
+                }
+            }
+        }
+    }
+
+    fn compile(
+        &mut self,
+        kernel: &dyn CubeTask<CudaCppCompiler>,
+        mode: ExecutionMode,
+        _args: &KernelArguments,
+    ) -> Result<CudaKernel, LaunchError> {
+        self.bind().map_err(|err| LaunchError::Unknown {
+            reason: err.to_string(),
+            backtrace: BackTrace::capture(),
+        })?;
+        kernel::compile(
+            kernel,
+            &self.setup.options,
+            mode,
+            self.setup.arch,
+            self.setup.properties.hardware.max_shared_memory_size,
+        )
+    }
+
+    unsafe fn launch(
+        &mut self,
+        stream: &mut CudaStream,
+        launch: Launch<'_, Self>,
+    ) -> Result<(), ServerError> {
+        self.bind()?;
+        let count = match &launch.count {
+            LaunchCount::Static(x, y, z) => (*x, *y, *z),
+            LaunchCount::Dynamic(resource) => {
+                // The server checked that the buffer holds the 12 bytes.
+                let bytes = self.read_pageable(stream, device_pointer(resource), 12)?;
+                let value = |i: usize| {
+                    u32::from_ne_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]])
+                };
+                (value(0), value(4), value(8))
+            }
+        };
+        if count.0 == 0 || count.1 == 0 || count.2 == 0 {
+            // A dynamic count read as empty: nothing to run, and CUDA rejects empty grids (the
+            // server skips static ones).
+            return Ok(());
+        }
+
+        let info = if launch.info.is_empty() {
+            None
+        } else {
+            Some(self.upload_info(stream, launch.info)?)
+        };
+        let mut arguments: Vec<sys::CUdeviceptr> =
+            launch.buffers.iter().map(device_pointer).collect();
+        if let Some(info) = &info {
+            arguments.push(info.ptr);
+        }
+        // The driver copies each argument when the launch is issued.
+        let mut params: Vec<*mut c_void> = arguments
+            .iter_mut()
+            .map(|argument| argument as *mut sys::CUdeviceptr as *mut c_void)
+            .collect();
+        let kernel = launch.kernel;
+        let cube_dim = kernel.cube_dim();
+        // SAFETY: a loaded function of this context, arguments matching its signature (buffers
+        // then metadata, as compiled), a live stream; bounds are the caller's contract.
+        let launched = unsafe {
+            result::launch_kernel(
+                kernel.function(),
+                count,
+                (cube_dim.x, cube_dim.y, cube_dim.z),
+                kernel.shared_memory(),
+                stream.raw,
+                &mut params,
+            )
+        };
+        let freed = info.map(|info| info.free(stream)).unwrap_or(Ok(()));
+        launched.map_err(|err| {
+            generic(format!(
+                "CUDA: launching kernel `{}` with {count:?} cubes of {cube_dim:?} failed: {:?}",
+                kernel.name(),
+                err.0
+            ))
+        })?;
+        freed
+    }
+
+    fn write(
+        &mut self,
+        stream: &mut CudaStream,
+        dst: &Resource<Self>,
+        data: &[u8],
+    ) -> Result<(), ServerError> {
+        // The server checked that `data` is not empty and fits `dst`.
+        self.bind()?;
+        self.pending_writes.collect();
+        let dst_ptr = device_pointer(dst);
+        if data.len() > MAX_PINNED_TRANSFER {
+            // A pageable source is staged by the driver before the call returns.
+            // SAFETY: `dst_ptr` addresses at least `data.len()` bytes of a live block.
+            return unsafe { result::memcpy_htod_async(dst_ptr, data, stream.raw) }
+                .map_err(|err| cuda_failure("cuMemcpyHtoDAsync", err));
+        }
+        let mut staged = self.staging.take(data.len())?;
+        staged.bytes_mut().copy_from_slice(data);
+        // SAFETY: the staged buffer holds `data.len()` pinned bytes and stays out of the pool
+        // until the event after this copy completed; `dst_ptr` addresses enough bytes.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst_ptr,
+                staged.as_ptr() as *const c_void,
+                data.len(),
+                stream.raw,
+            )
+            .result()
+            .map_err(|err| cuda_failure("cuMemcpyHtoDAsync", err))?;
+            match staging::in_flight(&self.events, stream.raw, vec![staged]) {
+                Ok(in_flight) => self.pending_writes.push(in_flight),
+                Err(reason) => {
+                    // Without an event, wait here before the buffer goes back to the pool.
+                    let _ = result::stream::synchronize(stream.raw);
+                    return Err(generic(format!("CUDA: {reason}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn read(
+        &mut self,
+        stream: &mut CudaStream,
+        sources: Vec<(Resource<Self>, usize)>,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        enum Part {
+            Pinned(usize),
+            Ready(Vec<u8>),
+        }
+        let issued = (|| {
+            self.bind()?;
+            let mut parts = Vec::with_capacity(sources.len());
+            let mut staged = Vec::new();
+            for (resource, bytes) in &sources {
+                let bytes = *bytes;
+                if bytes as u64 > resource.size {
+                    return Err(generic(format!(
+                        "read of {bytes} bytes from a buffer of {} bytes",
+                        resource.size
+                    )));
+                }
+                if bytes == 0 {
+                    parts.push(Part::Ready(Vec::new()));
+                } else if bytes > MAX_PINNED_TRANSFER {
+                    parts.push(Part::Ready(self.read_pageable(
+                        stream,
+                        device_pointer(resource),
+                        bytes,
+                    )?));
+                } else {
+                    let buffer = self.staging.take(bytes)?;
+                    // SAFETY: `buffer` holds `bytes` pinned bytes and is only read after the
+                    // event below completed; the source addresses enough bytes.
+                    let copied = unsafe {
+                        sys::cuMemcpyDtoHAsync_v2(
+                            buffer.as_ptr() as *mut c_void,
+                            device_pointer(resource),
+                            bytes,
+                            stream.raw,
+                        )
+                        .result()
+                    };
+                    // Keep the buffer in the in-flight set even on error: an issued copy may
+                    // still be running.
+                    parts.push(Part::Pinned(staged.len()));
+                    staged.push(buffer);
+                    if let Err(err) = copied {
+                        // SAFETY: a live stream; waiting makes the buffers safe to reuse.
+                        let _ = unsafe { result::stream::synchronize(stream.raw) };
+                        return Err(cuda_failure("cuMemcpyDtoHAsync", err));
+                    }
+                }
+            }
+            // SAFETY: a live stream of this context.
+            let in_flight = unsafe { staging::in_flight(&self.events, stream.raw, staged) }?;
+            Ok((parts, in_flight))
+        })();
+
+        Box::pin(async move {
+            let (parts, in_flight) = issued?;
+            let mut staged = in_flight.wait()?;
+            Ok(parts
+                .into_iter()
+                .map(|part| match part {
+                    Part::Ready(bytes) => Bytes::from_bytes_vec(bytes),
+                    Part::Pinned(index) => {
+                        Bytes::from_bytes_vec(staged[index].bytes_mut().to_vec())
+                    }
+                })
+                .collect())
+        })
+    }
+
+    fn flush(&mut self, _stream: &mut CudaStream) -> Result<(), ServerError> {
+        // CUDA submits work as it is issued.
+        self.pending_writes.collect();
+        Ok(())
+    }
+
+    fn sync(&mut self, stream: &mut CudaStream) -> DynFut<Result<(), ServerError>> {
+        let recorded = self.bind().and_then(|()| self.record(stream));
+        self.pending_writes.collect();
+        Box::pin(async move {
+            recorded?
+                .synchronize()
+                .map_err(|err| DriverError::from(err).into())
+        })
+    }
+
+    fn record_event(&mut self, stream: &mut CudaStream) -> Result<PooledEvent, ServerError> {
+        self.bind()?;
+        self.record(stream)
+    }
+
+    fn wait_event(
+        &mut self,
+        stream: &mut CudaStream,
+        event: PooledEvent,
+    ) -> Result<(), ServerError> {
+        // SAFETY: a live stream of this context.
+        unsafe { event.wait_on(stream.raw) }.map_err(|err| DriverError::from(err).into())
+    }
+}

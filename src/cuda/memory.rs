@@ -1,0 +1,141 @@
+//! [`CudaMemory`]: the engine's segments from `cuMemAlloc`, returned with `cuMemFree`, free and
+//! total from `cuMemGetInfo`, stream events from an [`EventPool`].
+//!
+//! A driver out-of-memory becomes [`DeviceError::OutOfMemory`] (the engine frees cache and
+//! retries); any other failure is a [`DeviceError::Driver`] naming the call and the CUDA error.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+use cudarc::driver::result;
+use cudarc::driver::sys;
+
+use super::error::{device_error, driver_call, guarded};
+use super::events::{EventPool, PooledEvent};
+use super::probe::open_context;
+use super::streams::CudaStreams;
+use crate::device::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo, StreamId};
+
+/// Events created when the device is opened, so that recording one normally creates none.
+const PREWARMED_EVENTS: usize = 16;
+
+/// [`DeviceMemory`] over one CUDA device. A segment's handle is its device pointer.
+#[derive(Debug)]
+pub struct CudaMemory {
+    context: Arc<CudaContext>,
+    streams: Arc<CudaStreams>,
+    events: Arc<EventPool>,
+    total_memory: u64,
+}
+
+impl CudaMemory {
+    /// Opens the device with this ordinal (its primary context, which `cubecl-cuda` and
+    /// anything else using the primary context share), with a stream table of its own.
+    pub fn new(ordinal: usize) -> Result<Self, DeviceError> {
+        let context = open_context(ordinal)?;
+        let streams = CudaStreams::new(context);
+        Self::with_streams(streams)
+    }
+
+    /// Uses the context and the stream table of a server's driver, so that events the engine
+    /// records on a [`StreamId`] land on the stream that the server issues that stream's work to.
+    pub(crate) fn with_streams(streams: Arc<CudaStreams>) -> Result<Self, DeviceError> {
+        let context = streams.context().clone();
+        driver_call("cuCtxSetCurrent", || context.bind_to_thread())?;
+        let (_, total) = driver_call("cuMemGetInfo", result::mem_get_info)?;
+        let events = EventPool::new(context.clone(), PREWARMED_EVENTS)?;
+        Ok(Self {
+            context,
+            streams,
+            events,
+            total_memory: total as u64,
+        })
+    }
+
+    /// CUDA events created so far for the engine's stream events (the prewarmed ones
+    /// included): flat in steady state, since recorded events return to a pool.
+    pub fn events_created(&self) -> u64 {
+        self.events.created()
+    }
+
+    /// CUDA streams created so far, one per engine stream used.
+    pub fn streams_created(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Total device memory, as `cuMemGetInfo` reported it when the device was opened.
+    pub fn total_memory(&self) -> u64 {
+        self.total_memory
+    }
+
+    fn bind(&self) -> Result<(), DeviceError> {
+        driver_call("cuCtxSetCurrent", || self.context.bind_to_thread())
+    }
+}
+
+impl DeviceMemory for CudaMemory {
+    type Handle = sys::CUdeviceptr;
+    type Event = PooledEvent;
+
+    fn allocate(
+        &mut self,
+        size: u64,
+        _stream: StreamId,
+    ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
+        let bytes = usize::try_from(size).map_err(|_| DeviceError::TooLarge {
+            requested: size,
+            max: usize::MAX as u64,
+        })?;
+        self.bind()?;
+        // SAFETY: a plain allocation; its contents are uninitialised, which nothing reads
+        // before a kernel or a copy writes them.
+        let ptr = guarded("cuMemAlloc", || {
+            unsafe { result::malloc_sync(bytes) }
+                .map_err(|err| device_error("cuMemAlloc", err, Some(size)))
+        })?;
+        Ok(DeviceSegment {
+            address: ptr,
+            size,
+            handle: ptr,
+        })
+    }
+
+    fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
+        self.bind()?;
+        // Blocks are freed when their last handle drops, possibly while a kernel issued before
+        // still reads them; segments are freed rarely (empty_cache, the out-of-memory path), so
+        // wait for the device explicitly rather than rely on cuMemFree's implicit sync.
+        driver_call("cuCtxSynchronize", || self.context.synchronize())?;
+        // SAFETY: the engine frees each segment it allocated exactly once, after every block in
+        // it was freed, and no work is pending on the device.
+        driver_call("cuMemFree", || unsafe { result::free_sync(segment.handle) })
+    }
+
+    fn memory_info(&mut self) -> Result<MemoryInfo, DeviceError> {
+        self.bind()?;
+        let (free, total) = driver_call("cuMemGetInfo", result::mem_get_info)?;
+        Ok(MemoryInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+
+    fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, DeviceError> {
+        let raw = self.streams.get_or_create(stream)?;
+        // SAFETY: `raw` is a live stream of this context, kept alive by the stream table.
+        unsafe { self.events.record(raw) }
+    }
+
+    fn query_event(&mut self, event: &Self::Event) -> Result<bool, DeviceError> {
+        event.query()
+    }
+
+    fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), DeviceError> {
+        event.synchronize()
+    }
+
+    fn release_event(&mut self, event: Self::Event) {
+        // Dropping a pooled event puts it back in the pool.
+        drop(event);
+    }
+}

@@ -1,0 +1,36 @@
+//! The CUDA backend (feature `cuda`), everything CUDA in one place: the device memory the engine
+//! allocates segments from ([`CudaMemory`]), and the CubeCL driver and runtime over it
+//! ([`CachingCudaRuntime`]).
+//!
+//! - `memory`: segments through `cuMemAlloc`/`cuMemFree`, the engine's [`DeviceMemory`];
+//! - `streams`, `events`: CUDA streams per engine stream and a pool of events;
+//! - `probe`: whether a driver and a device are here, and the device's primary context;
+//! - `error`: driver results as [`DeviceError`]s, `libcuda` panics caught;
+//! - `kernel`: CubeCL kernels compiled to CUDA C++ and through NVRTC;
+//! - `staging`: pinned host buffers for copies;
+//! - `properties`: what the device supports, as CubeCL's `DeviceProperties`;
+//! - `driver`: the [`Driver`](crate::runtime::Driver) the generic server runs on;
+//! - `runtime`: [`CachingCudaRuntime`], the `cubecl::Runtime` Burn's `CachingCuda` uses.
+//!
+//! Every driver call first makes the device's primary context current on the calling thread,
+//! so the engine and the server may call in from any thread. Nothing here panics, including
+//! when `libcuda` is missing: failures are errors.
+//!
+//! [`DeviceMemory`]: crate::device::DeviceMemory
+//! [`DeviceError`]: crate::device::DeviceError
+
+mod driver;
+mod error;
+mod events;
+mod kernel;
+mod memory;
+mod probe;
+mod properties;
+mod runtime;
+mod staging;
+mod streams;
+
+pub use driver::CudaDriver;
+pub use memory::CudaMemory;
+pub use probe::cuda_available;
+pub use runtime::CachingCudaRuntime;

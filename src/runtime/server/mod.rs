@@ -1,0 +1,443 @@
+//! `CachingServer`: a CubeCL `ComputeServer` whose device memory is the caching engine.
+//!
+//! The server translates CubeCL's calls and owns no placement logic. Its parts, one concern
+//! each:
+//! - `streams`: per CubeCL stream, a [`StreamMemory`](super::StreamMemory) (CubeCL's
+//!   persistent `MemoryManagement` over the engine), the driver's stream state and the errors
+//!   waiting to be reported;
+//! - `reserve`: a new tensor's slice, with the out-of-memory path across streams;
+//! - `ordering`: cross-stream waits before a stream uses another stream's buffer;
+//! - `checks`: what does not depend on the device API (layouts, sizes, empty launches), once
+//!   for every backend;
+//! - `kernels`: the kernel cache;
+//! - `layer_usage`: CubeCL's layer in numbers, for `memory_stats`.
+//!
+//! The device API itself is the [`Driver`]'s.
+
+mod checks;
+mod kernels;
+mod layer_usage;
+mod ordering;
+mod reserve;
+mod streams;
+
+pub(crate) use checks::is_contiguous;
+pub use layer_usage::CubeclLayerUsage;
+
+use std::sync::Arc;
+
+use cubecl_common::bytes::Bytes;
+use cubecl_common::device::{DeviceId, DeviceService, ServerUtilitiesHandle};
+use cubecl_common::future::DynFut;
+use cubecl_common::profile::ProfileDuration;
+use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_ir::MemoryDeviceProperties;
+use cubecl_runtime::allocator::ContiguousMemoryLayoutPolicy;
+use cubecl_runtime::compiler::CubeTask;
+use cubecl_runtime::logging::ServerLogger;
+use cubecl_runtime::memory_management::{
+    ManagedMemoryBinding, ManagedMemoryHandle, MemoryAllocationMode, MemoryUsage,
+};
+use cubecl_runtime::server::{
+    Binding, ComputeServer, CopyDescriptor, CubeCount, ExecutionMode, IoError, KernelArguments,
+    ProfileError, ProfilingToken, ServerCommunication, ServerError, ServerUtilities,
+};
+use cubecl_runtime::storage::ManagedResource;
+use cubecl_runtime::timestamp_profiler::TimestampProfiler;
+use parking_lot::Mutex;
+
+use super::driver::{Driver, Launch, LaunchCount, Resource};
+use super::env::config_from_env;
+use super::registry::{self, DeviceEntry};
+use crate::alloc::{AllocatorConfig, CachingAllocator};
+use kernels::KernelCache;
+use ordering::{note_producer, order_after};
+use streams::Streams;
+
+/// A CubeCL compute server over driver `D`, allocating through the caching engine.
+///
+/// CubeCL creates one per device (`DeviceService::init`), reading `BURN_CACHING_ALLOC_CONF`
+/// and `BURN_CACHING_ALLOC_TRACE` then.
+pub struct CachingServer<D: Driver> {
+    driver: D,
+    device: DeviceId,
+    allocator: Arc<CachingAllocator<D::Memory>>,
+    max_binding_size: Option<u64>,
+    streams: Streams<D>,
+    kernels: KernelCache<D>,
+    profiler: TimestampProfiler,
+    cubecl_usage: Arc<Mutex<CubeclLayerUsage>>,
+    utilities: Arc<ServerUtilities<Self>>,
+}
+
+impl<D: Driver> core::fmt::Debug for CachingServer<D> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CachingServer")
+            .field("device", &self.device)
+            .field("streams", &self.streams.len())
+            .field("kernels", &self.kernels.len())
+            .finish()
+    }
+}
+
+impl<D: Driver> CachingServer<D> {
+    /// A server over an opened driver, with an engine configured by `config`.
+    pub fn new(mut driver: D, device: DeviceId, config: AllocatorConfig) -> Self {
+        let properties = driver.properties();
+        let memory_properties: MemoryDeviceProperties = properties.memory.clone();
+        let allocator = Arc::new(CachingAllocator::new(driver.memory(), config));
+        let cubecl_usage = Arc::new(Mutex::new(CubeclLayerUsage::default()));
+        registry::register(
+            device,
+            DeviceEntry {
+                allocator: allocator.clone(),
+                cubecl: cubecl_usage.clone(),
+            },
+        );
+        let layout = ContiguousMemoryLayoutPolicy::new(memory_properties.alignment as usize);
+        let logger = Arc::new(ServerLogger::default());
+        let utilities = ServerUtilities::new(properties, logger, driver.info(), layout);
+        Self {
+            max_binding_size: driver.max_binding_size(),
+            streams: Streams::new(allocator.clone(), memory_properties),
+            driver,
+            device,
+            allocator,
+            kernels: KernelCache::new(),
+            profiler: TimestampProfiler::default(),
+            cubecl_usage,
+            utilities: Arc::new(utilities),
+        }
+    }
+
+    /// The engine this server allocates through.
+    pub fn allocator(&self) -> &Arc<CachingAllocator<D::Memory>> {
+        &self.allocator
+    }
+
+    /// The driver and a stream's driver state, borrowed together.
+    fn split(&mut self, id: CubeStreamId) -> (&mut D, &mut D::Stream) {
+        let stream = self.streams.get(&mut self.driver, id);
+        (&mut self.driver, &mut stream.driver)
+    }
+
+    fn push_error(&mut self, stream: CubeStreamId, error: ServerError) {
+        self.streams.push_error(&mut self.driver, stream, error);
+    }
+
+    fn take_errors(&mut self, stream: CubeStreamId) -> Result<(), ServerError> {
+        self.streams.take_errors(&mut self.driver, stream)
+    }
+
+    fn order_after(
+        &mut self,
+        consumer: CubeStreamId,
+        producers: &[CubeStreamId],
+    ) -> Result<(), ServerError> {
+        order_after(&mut self.driver, &mut self.streams, consumer, producers)
+    }
+
+    /// Resolves a binding through the manager of the stream that created it.
+    fn resolve(
+        &mut self,
+        memory: ManagedMemoryBinding,
+        stream: CubeStreamId,
+        offset_start: Option<u64>,
+        offset_end: Option<u64>,
+    ) -> Result<Resource<D>, IoError> {
+        self.streams
+            .get(&mut self.driver, stream)
+            .memory
+            .manager()
+            .get_resource(memory, offset_start, offset_end)
+    }
+
+    fn resolve_binding(&mut self, binding: Binding) -> Result<Resource<D>, IoError> {
+        self.resolve(
+            binding.memory,
+            binding.stream,
+            binding.offset_start,
+            binding.offset_end,
+        )
+    }
+
+    /// Sums CubeCL's view over all streams and refreshes the registry's copy.
+    fn cubecl_layer(&mut self) -> CubeclLayerUsage {
+        let mut layer = CubeclLayerUsage::default();
+        for stream in self.streams.all() {
+            layer.add_stream(&stream.memory.usage(), stream.memory.counters());
+        }
+        *self.cubecl_usage.lock() = layer;
+        layer
+    }
+}
+
+fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
+    Box::pin(async move { value })
+}
+
+impl<D: Driver> ServerCommunication for CachingServer<D> {
+    const SERVER_COMM_ENABLED: bool = false;
+}
+
+impl<D: Driver> DeviceService for CachingServer<D> {
+    fn init(device_id: DeviceId) -> Self {
+        // CubeCL opens devices lazily and gives this call no way to fail: a device that cannot
+        // be opened, or a configuration that does not parse, stops here with the reason.
+        let config = config_from_env()
+            .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"));
+        let driver = D::open(device_id)
+            .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"));
+        Self::new(driver, device_id, config)
+    }
+
+    fn utilities(&self) -> ServerUtilitiesHandle {
+        self.utilities.clone() as ServerUtilitiesHandle
+    }
+}
+
+impl<D: Driver> ComputeServer for CachingServer<D> {
+    type Kernel = Box<dyn CubeTask<D::Compiler>>;
+    type Info = D::Info;
+    type MemoryLayoutPolicy = ContiguousMemoryLayoutPolicy;
+    type Storage = super::storage::EngineStorage<D::Memory>;
+
+    fn initialize_memory(
+        &mut self,
+        memory: ManagedMemoryHandle,
+        size: u64,
+        stream_id: CubeStreamId,
+    ) {
+        let reserved = reserve::reserve(
+            &mut self.driver,
+            &mut self.streams,
+            self.max_binding_size,
+            size,
+            stream_id,
+        );
+        let bound = reserved.and_then(|reserved| {
+            self.streams
+                .get(&mut self.driver, stream_id)
+                .memory
+                .manager()
+                .bind(reserved, memory, 0)
+                .map_err(ServerError::Io)
+        });
+        if let Err(err) = bound {
+            self.push_error(stream_id, err);
+        }
+    }
+
+    fn logger(&self) -> Arc<ServerLogger> {
+        self.utilities.logger.clone()
+    }
+
+    fn utilities(&self) -> Arc<ServerUtilities<Self>> {
+        self.utilities.clone()
+    }
+
+    fn read(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream_id: CubeStreamId,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        if let Err(err) = self.take_errors(stream_id) {
+            return ready(Err(err));
+        }
+        let mut sources = Vec::with_capacity(descriptors.len());
+        let mut producers = Vec::new();
+        for desc in descriptors {
+            if let Err(err) = checks::contiguous(&desc.shape, &desc.strides) {
+                return ready(Err(err.into()));
+            }
+            let bytes = desc.shape.iter().product::<usize>() * desc.elem_size;
+            note_producer(&mut producers, desc.handle.stream);
+            match self.resolve_binding(desc.handle) {
+                Ok(resource) => sources.push((resource, bytes)),
+                Err(err) => return ready(Err(err.into())),
+            }
+        }
+        if let Err(err) = self.order_after(stream_id, &producers) {
+            return ready(Err(err));
+        }
+        let (driver, driver_stream) = self.split(stream_id);
+        driver.read(driver_stream, sources)
+    }
+
+    fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: CubeStreamId) {
+        for (desc, data) in descriptors {
+            if let Err(err) = self.write_one(desc, &data, stream_id) {
+                self.push_error(stream_id, err);
+            }
+        }
+    }
+
+    fn sync(&mut self, stream_id: CubeStreamId) -> DynFut<Result<(), ServerError>> {
+        if let Err(err) = self.take_errors(stream_id) {
+            return ready(Err(err));
+        }
+        let (driver, driver_stream) = self.split(stream_id);
+        driver.sync(driver_stream)
+    }
+
+    fn get_resource(
+        &mut self,
+        binding: Binding,
+        stream_id: CubeStreamId,
+    ) -> Result<ManagedResource<Resource<D>>, ServerError> {
+        let producer = binding.stream;
+        let memory = binding.memory.clone();
+        let resource = self.resolve_binding(binding)?;
+        self.order_after(stream_id, &[producer])?;
+        let (driver, driver_stream) = self.split(stream_id);
+        driver.flush(driver_stream)?;
+        Ok(ManagedResource::new(memory, resource))
+    }
+
+    unsafe fn launch(
+        &mut self,
+        kernel: Self::Kernel,
+        count: CubeCount,
+        args: KernelArguments,
+        mode: ExecutionMode,
+        stream_id: CubeStreamId,
+    ) {
+        // SAFETY: the caller of `ComputeServer::launch` upholds the kernel's safety contract.
+        let launched = unsafe { self.launch_one(kernel, count, args, mode, stream_id) };
+        if let Err(err) = launched {
+            self.push_error(stream_id, err);
+        }
+    }
+
+    fn flush(&mut self, stream_id: CubeStreamId) -> Result<(), ServerError> {
+        let (driver, driver_stream) = self.split(stream_id);
+        let flushed = driver.flush(driver_stream);
+        self.take_errors(stream_id)?;
+        flushed
+    }
+
+    fn memory_usage(&mut self, _stream_id: CubeStreamId) -> Result<MemoryUsage, ServerError> {
+        // PyTorch's meanings, device-wide: in use = bytes of live tensors (all streams),
+        // reserved = the engine's segments.
+        let layer = self.cubecl_layer();
+        Ok(MemoryUsage {
+            number_allocs: layer.live_slices,
+            bytes_in_use: layer.live_bytes,
+            bytes_padding: layer.padding_bytes,
+            bytes_reserved: self.allocator.memory_reserved(),
+        })
+    }
+
+    fn memory_cleanup(&mut self, _stream_id: CubeStreamId) {
+        for id in self.streams.ids() {
+            let (driver, driver_stream) = self.split(id);
+            if let Err(err) = driver.flush(driver_stream) {
+                self.push_error(id, err);
+            }
+            self.streams.get(&mut self.driver, id).memory.reclaim();
+        }
+        if let Err(err) = self.allocator.empty_cache() {
+            log::error!("caching allocator: empty_cache failed: {err}");
+        }
+        self.cubecl_layer();
+    }
+
+    fn start_profile(&mut self, stream_id: CubeStreamId) -> Result<ProfilingToken, ServerError> {
+        cubecl_common::future::block_on(self.sync(stream_id))?;
+        Ok(self.profiler.start())
+    }
+
+    fn end_profile(
+        &mut self,
+        stream_id: CubeStreamId,
+        token: ProfilingToken,
+    ) -> Result<ProfileDuration, ProfileError> {
+        if let Err(err) = cubecl_common::future::block_on(self.sync(stream_id)) {
+            self.profiler.error(ProfileError::Server(Box::new(err)));
+        }
+        self.profiler.stop(token)
+    }
+
+    fn allocation_mode(&mut self, mode: MemoryAllocationMode, _stream_id: CubeStreamId) {
+        // Every stream stays persistent: it is what routes each reservation to the engine.
+        log::trace!("caching allocator: ignoring allocation mode {mode:?} (always persistent)");
+    }
+}
+
+impl<D: Driver> CachingServer<D> {
+    /// One copy into the device: checked, ordered after the buffer's producer, issued.
+    fn write_one(
+        &mut self,
+        desc: CopyDescriptor,
+        data: &[u8],
+        stream_id: CubeStreamId,
+    ) -> Result<(), ServerError> {
+        checks::contiguous(&desc.shape, &desc.strides)?;
+        let producer = desc.handle.stream;
+        let resource = self.resolve_binding(desc.handle)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        checks::write_fits(data.len(), resource.size)?;
+        self.order_after(stream_id, &[producer])?;
+        let (driver, driver_stream) = self.split(stream_id);
+        driver.write(driver_stream, &resource, data)
+    }
+
+    /// One launch: the kernel from the cache, its buffers resolved and ordered after their
+    /// producers, then issued unless it runs nothing.
+    ///
+    /// # Safety
+    /// As [`ComputeServer::launch`]: in unchecked mode the kernel may access memory out of
+    /// bounds.
+    unsafe fn launch_one(
+        &mut self,
+        kernel: Box<dyn CubeTask<D::Compiler>>,
+        count: CubeCount,
+        args: KernelArguments,
+        mode: ExecutionMode,
+        stream_id: CubeStreamId,
+    ) -> Result<(), ServerError> {
+        let compiled = self
+            .kernels
+            .get(
+                &mut self.driver,
+                &self.utilities.properties,
+                kernel.as_ref(),
+                mode,
+                &args,
+            )
+            .map_err(ServerError::Launch)?;
+
+        let mut producers = Vec::new();
+        let mut buffers = Vec::with_capacity(args.buffers.len());
+        for binding in args.buffers {
+            note_producer(&mut producers, binding.stream);
+            buffers.push(self.resolve_binding(binding)?);
+        }
+        let count = match count {
+            CubeCount::Static(x, y, z) => LaunchCount::Static(x, y, z),
+            CubeCount::Dynamic(binding) => {
+                note_producer(&mut producers, binding.stream);
+                let resource = self.resolve_binding(binding)?;
+                checks::dynamic_count(&resource)?;
+                LaunchCount::Dynamic(resource)
+            }
+        };
+        if checks::runs_nothing(&count) {
+            return Ok(());
+        }
+        self.order_after(stream_id, &producers)?;
+
+        let launch = Launch {
+            kernel: compiled.as_ref(),
+            count,
+            buffers,
+            info: &args.info.data,
+            mode,
+        };
+        let (driver, driver_stream) = self.split(stream_id);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { driver.launch(driver_stream, launch) }
+    }
+}

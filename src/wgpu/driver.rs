@@ -1,0 +1,428 @@
+//! The wgpu [`Driver`]: WGSL kernels (CubeCL's `WgslCompiler`), compute passes, queue copies.
+//!
+//! wgpu gives a device one in-order queue. All CubeCL streams record into one command encoder
+//! and submit to that queue, so work runs in the order it was issued whatever its stream, and
+//! stream events are no-ops. `queue.write_buffer` runs at the next submit, *before* the command
+//! buffers of that submit, so every write first submits the commands recorded so far.
+
+use std::borrow::Cow;
+use std::num::NonZeroU64;
+
+use cubecl_common::backtrace::BackTrace;
+use cubecl_common::bytes::Bytes;
+use cubecl_common::device::DeviceId;
+use cubecl_common::future::{DynFut, block_on};
+use cubecl_core::WgpuCompilationOptions;
+use cubecl_ir::DeviceProperties;
+use cubecl_runtime::compiler::{CompilationError, CubeTask};
+use cubecl_runtime::server::{
+    ExecutionMode, KernelArguments, LaunchError, ResourceLimitError, ServerError,
+};
+use cubecl_wgpu::WgslCompiler;
+use wgpu::util::DeviceExt;
+
+use super::memory::{WgpuMemory, host_memory_total};
+use super::setup;
+use crate::runtime::{Driver, DriverError, Launch, LaunchCount, Resource};
+
+/// Launches recorded before the encoder is submitted.
+const TASKS_PER_SUBMIT: usize = 32;
+/// Queue writes before a submit that flushes wgpu's staging copies (cubecl-wgpu does the same:
+/// many writes without a submit exhaust wgpu's staging buffers).
+const WRITES_PER_SUBMIT: usize = 64;
+/// Host memory assumed when `/proc/meminfo` cannot be read.
+const FALLBACK_TOTAL: u64 = 8 << 30;
+
+/// A compiled WGSL kernel.
+pub struct WgpuKernel {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+/// Driver state of a CubeCL stream: nothing, as all streams share the device's queue.
+#[derive(Debug, Default)]
+pub struct WgpuStream;
+
+/// wgpu as the caching server drives it.
+pub struct WgpuDriver {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    backend: wgpu::Backend,
+    adapter_type: wgpu::DeviceType,
+    properties: DeviceProperties,
+    options: WgpuCompilationOptions,
+    encoder: Option<wgpu::CommandEncoder>,
+    tasks: usize,
+    writes: usize,
+    max_binding_size: u64,
+}
+
+impl core::fmt::Debug for WgpuDriver {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("WgpuDriver")
+            .field("backend", &self.backend)
+            .field("adapter_type", &self.adapter_type)
+            .finish()
+    }
+}
+
+fn generic(reason: String) -> ServerError {
+    ServerError::Generic {
+        reason,
+        backtrace: BackTrace::capture(),
+    }
+}
+
+impl WgpuDriver {
+    fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        let device = &self.device;
+        self.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("burn-caching-alloc tasks"),
+            })
+        })
+    }
+
+    /// Submits the recorded commands (and, with them, every pending queue write).
+    fn submit(&mut self) -> Option<wgpu::SubmissionIndex> {
+        let encoder = self.encoder.take()?;
+        self.tasks = 0;
+        self.writes = 0;
+        Some(self.queue.submit([encoder.finish()]))
+    }
+
+    fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> Result<(), ServerError> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: index,
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|err| generic(format!("wgpu: waiting for the queue failed: {err}")))
+    }
+
+    fn binding(resource: &Resource<Self>) -> wgpu::BindingResource<'_> {
+        // WebGPU binding sizes are multiples of 4; blocks are 512-byte multiples, so the
+        // rounded range stays inside the block. Zero-sized tensors bind 4 bytes of their block.
+        let size = resource.size.max(4).next_multiple_of(4);
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &resource.segment,
+            offset: resource.offset,
+            size: NonZeroU64::new(size),
+        })
+    }
+}
+
+impl Driver for WgpuDriver {
+    type Memory = WgpuMemory;
+    type Compiler = WgslCompiler;
+    type Info = wgpu::Backend;
+    type Stream = WgpuStream;
+    type Event = ();
+    type Kernel = WgpuKernel;
+
+    fn open(id: DeviceId) -> Result<Self, DriverError> {
+        let setup = setup::open(id)?;
+        let (mut properties, options) = setup::probe_properties(id)?;
+        let limits = setup.device.limits();
+        // Slices and packed tensors must start where a storage binding may start.
+        properties.memory.alignment = properties
+            .memory
+            .alignment
+            .max(limits.min_storage_buffer_offset_alignment as u64);
+        properties.timing_method = cubecl_common::profile::TimingMethod::System;
+        Ok(Self {
+            adapter_type: setup.adapter.get_info().device_type,
+            device: setup.device,
+            queue: setup.queue,
+            backend: setup.backend,
+            properties,
+            options,
+            encoder: None,
+            tasks: 0,
+            writes: 0,
+            max_binding_size: limits.max_storage_buffer_binding_size,
+        })
+    }
+
+    fn memory(&mut self) -> WgpuMemory {
+        WgpuMemory::new(
+            self.device.clone(),
+            host_memory_total().unwrap_or(FALLBACK_TOTAL),
+        )
+    }
+
+    fn properties(&self) -> DeviceProperties {
+        self.properties.clone()
+    }
+
+    fn info(&self) -> wgpu::Backend {
+        self.backend
+    }
+
+    fn max_binding_size(&self) -> Option<u64> {
+        Some(self.max_binding_size)
+    }
+
+    fn create_stream(&mut self, _id: crate::device::StreamId) -> WgpuStream {
+        WgpuStream
+    }
+
+    fn compile(
+        &mut self,
+        kernel: &dyn CubeTask<WgslCompiler>,
+        mode: ExecutionMode,
+        args: &KernelArguments,
+    ) -> Result<WgpuKernel, LaunchError> {
+        let mut compiler = WgslCompiler::default();
+        let compiled = kernel.compile(&mut compiler, &self.options, mode, kernel.address_type())?;
+        if let Some(repr) = &compiled.repr {
+            let shared = repr.shared_memory_bytes();
+            let max = self.properties.hardware.max_shared_memory_size;
+            if shared > max {
+                return Err(ResourceLimitError::SharedMemory {
+                    requested: shared,
+                    max,
+                    backtrace: BackTrace::capture(),
+                }
+                .into());
+            }
+        }
+
+        let name = compiled.entrypoint_name.as_str();
+        let checks = wgpu::ShaderRuntimeChecks {
+            // CubeCL checks bounds itself in checked mode.
+            bounds_checks: false,
+            force_loop_bounding: mode == ExecutionMode::Checked,
+            ..wgpu::ShaderRuntimeChecks::unchecked()
+        };
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        // SAFETY: CubeCL guarantees in-bounds accesses in checked mode; unchecked launches are
+        // `unsafe` for their caller.
+        let module = unsafe {
+            self.device.create_shader_module_trusted(
+                wgpu::ShaderModuleDescriptor {
+                    label: Some(name),
+                    source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(&compiled.source)),
+                },
+                checks,
+            )
+        };
+        if let Some(err) = block_on(scope.pop()) {
+            return Err(CompilationError::Generic {
+                reason: format!("WGSL compilation failed for kernel `{name}`: {err}"),
+                backtrace: BackTrace::capture(),
+            }
+            .into());
+        }
+
+        // Every buffer read-write (slices can be shared), then the metadata read-only.
+        let storage = |read_only| wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        };
+        let with_info = !args.info.data.is_empty();
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..args.buffers.len())
+            .map(|_| storage(false))
+            .chain(with_info.then(|| storage(true)))
+            .enumerate()
+            .map(|(i, ty)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty,
+                count: None,
+            })
+            .collect();
+        let layout = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(name),
+                entries: &entries,
+            });
+        let pipeline_layout = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(name),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(name),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some(name),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    zero_initialize_workgroup_memory: false,
+                    ..Default::default()
+                },
+                cache: None,
+            });
+        Ok(WgpuKernel { pipeline, layout })
+    }
+
+    unsafe fn launch(
+        &mut self,
+        _stream: &mut WgpuStream,
+        launch: Launch<'_, Self>,
+    ) -> Result<(), ServerError> {
+        let info = (!launch.info.is_empty()).then(|| {
+            let mut bytes: Vec<u8> = launch.info.iter().flat_map(|v| v.to_le_bytes()).collect();
+            bytes.resize(bytes.len().max(32), 0);
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("burn-caching-alloc metadata"),
+                    contents: &bytes,
+                    usage: wgpu::BufferUsages::STORAGE,
+                })
+        });
+        let mut entries: Vec<wgpu::BindGroupEntry> = launch
+            .buffers
+            .iter()
+            .enumerate()
+            .map(|(i, r)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: Self::binding(r),
+            })
+            .collect();
+        if let Some(info) = &info {
+            entries.push(wgpu::BindGroupEntry {
+                binding: entries.len() as u32,
+                resource: info.as_entire_binding(),
+            });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &launch.kernel.layout,
+            entries: &entries,
+        });
+        {
+            let encoder = self.encoder();
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&launch.kernel.pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            match &launch.count {
+                LaunchCount::Static(x, y, z) => pass.dispatch_workgroups(*x, *y, *z),
+                LaunchCount::Dynamic(r) => pass.dispatch_workgroups_indirect(&r.segment, r.offset),
+            }
+        }
+        self.tasks += 1;
+        if self.tasks >= TASKS_PER_SUBMIT {
+            self.submit();
+        }
+        Ok(())
+    }
+
+    fn write(
+        &mut self,
+        _stream: &mut WgpuStream,
+        dst: &Resource<Self>,
+        data: &[u8],
+    ) -> Result<(), ServerError> {
+        // The server checked that `data` is not empty and fits `dst`. Order the write after the commands recorded so far.
+        self.submit();
+        if data.len().is_multiple_of(4) {
+            self.queue.write_buffer(&dst.segment, dst.offset, data);
+        } else {
+            let mut padded = data.to_vec();
+            padded.resize(data.len().next_multiple_of(4), 0);
+            self.queue.write_buffer(&dst.segment, dst.offset, &padded);
+        }
+        self.writes += 1;
+        if self.writes >= WRITES_PER_SUBMIT {
+            self.writes = 0;
+            let index = self.queue.submit([]);
+            self.wait(Some(index))?;
+        }
+        Ok(())
+    }
+
+    fn read(
+        &mut self,
+        _stream: &mut WgpuStream,
+        sources: Vec<(Resource<Self>, usize)>,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        let result = (|| {
+            let mut staging = Vec::with_capacity(sources.len());
+            for (resource, bytes) in &sources {
+                let bytes = *bytes as u64;
+                if bytes > resource.size {
+                    return Err(generic(format!(
+                        "read of {bytes} bytes from a buffer of {} bytes",
+                        resource.size
+                    )));
+                }
+                if bytes == 0 {
+                    staging.push(None);
+                    continue;
+                }
+                let len = bytes.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+                let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("burn-caching-alloc readback"),
+                    size: len,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                self.encoder().copy_buffer_to_buffer(
+                    &resource.segment,
+                    resource.offset,
+                    &buffer,
+                    0,
+                    len,
+                );
+                staging.push(Some((buffer, bytes as usize)));
+            }
+            let index = self.submit();
+            let (sender, receiver) = std::sync::mpsc::channel();
+            for (buffer, _) in staging.iter().flatten() {
+                let sender = sender.clone();
+                buffer
+                    .slice(..)
+                    .map_async(wgpu::MapMode::Read, move |result| {
+                        let _ = sender.send(result);
+                    });
+            }
+            drop(sender);
+            self.wait(index)?;
+            for result in receiver.iter() {
+                result.map_err(|err| generic(format!("wgpu: mapping a readback failed: {err}")))?;
+            }
+            Ok(staging
+                .into_iter()
+                .map(|entry| match entry {
+                    Some((buffer, bytes)) => {
+                        let data = buffer.slice(..).get_mapped_range()[..bytes].to_vec();
+                        buffer.unmap();
+                        Bytes::from_bytes_vec(data)
+                    }
+                    None => Bytes::from_bytes_vec(Vec::new()),
+                })
+                .collect())
+        })();
+        Box::pin(async move { result })
+    }
+
+    fn flush(&mut self, _stream: &mut WgpuStream) -> Result<(), ServerError> {
+        self.submit();
+        Ok(())
+    }
+
+    fn sync(&mut self, _stream: &mut WgpuStream) -> DynFut<Result<(), ServerError>> {
+        let index = self.submit();
+        let result = self.wait(index);
+        Box::pin(async move { result })
+    }
+
+    fn record_event(&mut self, _stream: &mut WgpuStream) -> Result<(), ServerError> {
+        Ok(())
+    }
+
+    fn wait_event(&mut self, _stream: &mut WgpuStream, _event: ()) -> Result<(), ServerError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,127 @@
+//! The configuration string: good values, bad values, and what the errors say.
+
+use burn_caching_alloc::alloc::{AllocatorConfig, ConfigError, MIB, RoundupDivisions};
+
+use crate::child::in_child;
+
+#[test]
+fn parses_every_key() {
+    let config = AllocatorConfig::parse(
+        " max_split_size_mb:128 , garbage_collection_threshold:0.8,roundup_power2_divisions:4,\
+         max_non_split_rounding_mb:30,per_process_memory_fraction:0.5,record_history:true,history_capacity:100",
+    )
+    .unwrap();
+    assert_eq!(config.max_split_size, Some(128 * MIB));
+    assert_eq!(config.garbage_collection_threshold, Some(0.8));
+    assert_eq!(
+        config.roundup_power2_divisions,
+        RoundupDivisions::uniform(4)
+    );
+    assert_eq!(config.max_non_split_rounding, 30 * MIB);
+    assert_eq!(config.memory_fraction, Some(0.5));
+    assert!(config.record_history);
+    assert_eq!(config.history_capacity, 100);
+}
+
+#[test]
+fn empty_string_gives_the_defaults() {
+    assert_eq!(
+        AllocatorConfig::parse("").unwrap(),
+        AllocatorConfig::default()
+    );
+    assert_eq!(
+        AllocatorConfig::parse("  ").unwrap(),
+        AllocatorConfig::default()
+    );
+    let d = AllocatorConfig::default();
+    assert_eq!(d.max_split_size, None);
+    assert_eq!(d.max_non_split_rounding, 20 * MIB);
+}
+
+#[test]
+fn rejects_malformed_unknown_and_out_of_range_values() {
+    let cases: &[(&str, &str)] = &[
+        ("max_split_size_mb", "no colon"),
+        ("max_split_size_mb:", "empty value"),
+        (":5", "empty key"),
+        ("max_split_size_mb:128,,record_history:true", "empty item"),
+        ("max_split_size_mb:20", "at or under 20 MiB"),
+        ("max_split_size_mb:-5", "negative"),
+        ("max_split_size_mb:abc", "not a number"),
+        ("garbage_collection_threshold:0", "zero"),
+        ("garbage_collection_threshold:1.0", "one"),
+        ("garbage_collection_threshold:1.5", "over one"),
+        ("per_process_memory_fraction:0", "zero fraction"),
+        ("per_process_memory_fraction:1.01", "fraction over one"),
+        ("per_process_memory_fraction:nan", "NaN"),
+        ("roundup_power2_divisions:3", "not a power of two"),
+        ("roundup_power2_divisions:[64:4,32:2]", "descending bounds"),
+        ("roundup_power2_divisions:[64:4", "unclosed bracket"),
+        (
+            "roundup_power2_divisions:[48:4,>:8]",
+            "bound not a power of two",
+        ),
+        ("record_history:maybe", "not a bool"),
+        ("history_capacity:0", "zero capacity"),
+        ("max_split_size_mb:128,max_split_size_mb:256", "duplicate"),
+        ("max_splt_size_mb:128", "typo"),
+        ("expandable_segments:True", "unsupported mode"),
+    ];
+    for (text, why) in cases {
+        assert!(
+            AllocatorConfig::parse(text).is_err(),
+            "`{text}` ({why}) must be rejected"
+        );
+    }
+}
+
+#[test]
+fn errors_name_the_key_and_the_accepted_range() {
+    let err = AllocatorConfig::parse("garbage_collection_threshold:1.5").unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::InvalidValue {
+            key: "garbage_collection_threshold".into(),
+            value: "1.5".into(),
+            expected: "a number in (0, 1)".into(),
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "invalid value `1.5` for allocator config key `garbage_collection_threshold`: expected a number in (0, 1)"
+    );
+    let err = AllocatorConfig::parse("per_process_memory_fraction:2").unwrap_err();
+    assert!(err.to_string().contains("(0, 1]"), "{err}");
+    let err = AllocatorConfig::parse("max_split_size_mb:8").unwrap_err();
+    assert!(err.to_string().contains("from 21 to"), "{err}");
+    let err = AllocatorConfig::parse("max_splt_size_mb:128").unwrap_err();
+    assert!(matches!(err, ConfigError::UnknownKey { ref key } if key == "max_splt_size_mb"));
+    assert!(
+        err.to_string().contains("max_split_size_mb"),
+        "lists the known keys: {err}"
+    );
+}
+
+#[test]
+fn from_env_reads_the_variable() {
+    // The test sets the variable, which is unsound while other threads may read the
+    // environment: it runs alone in a child process of this binary, started without it.
+    if !in_child("config::from_env_reads_the_variable", &[(CONF, None)]) {
+        return;
+    }
+    // SAFETY: this process runs this test alone, and nothing else reads the environment.
+    unsafe { std::env::set_var(CONF, "max_split_size_mb:64") };
+    assert_eq!(
+        AllocatorConfig::from_env().unwrap().max_split_size,
+        Some(64 * MIB)
+    );
+    unsafe { std::env::set_var(CONF, "bogus") };
+    assert!(AllocatorConfig::from_env().is_err());
+    unsafe { std::env::remove_var(CONF) };
+    assert_eq!(
+        AllocatorConfig::from_env().unwrap(),
+        AllocatorConfig::default()
+    );
+}
+
+const CONF: &str = "BURN_CACHING_ALLOC_CONF";

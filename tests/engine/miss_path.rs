@@ -1,0 +1,206 @@
+//! The miss path in order: cache, garbage collection, device, free oversize, free all, OOM.
+
+use crate::common::*;
+use burn_caching_alloc::alloc::AllocError;
+
+#[test]
+fn a_failed_device_allocation_frees_unused_segments_and_retries_once() {
+    let (alloc, device) = allocator(64 * MIB, "");
+    // Cache one free 20 MiB segment and one free small segment, keep one live.
+    let cached = alloc.malloc(5 * MIB, S0).unwrap();
+    let small = alloc.malloc(4096, S0).unwrap();
+    let live = alloc.malloc(30 * MIB, S0).unwrap();
+    alloc.free(cached).unwrap();
+    alloc.free(small).unwrap();
+    assert_eq!(alloc.stats().memory_reserved(), 52 * MIB);
+
+    // 30 MiB more does not fit the 64 MiB device next to 52 MiB reserved.
+    let again = alloc.malloc(30 * MIB, S0).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.num_alloc_retries, 1);
+    assert_eq!(stats.num_ooms, 0);
+    assert_eq!(
+        stats.num_device_free, 2,
+        "the cached 20 MiB and 2 MiB segments went back"
+    );
+    assert_eq!(stats.num_device_alloc, 4);
+    assert_eq!(stats.memory_reserved(), 60 * MIB);
+    assert_eq!(device.counters().failed_allocs, 1);
+    alloc.free(live).unwrap();
+    alloc.free(again).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+#[test]
+fn with_max_split_size_oversize_blocks_go_first_and_no_retry_is_counted() {
+    let (alloc, _) = allocator(200 * MIB, "max_split_size_mb:32");
+    let small_cached = alloc.malloc(5 * MIB, S0).unwrap();
+    let oversize = alloc.malloc(100 * MIB, S0).unwrap();
+    alloc.free(small_cached).unwrap();
+    alloc.free(oversize).unwrap();
+    // 120 reserved; 150 MiB does not fit next to it, and no cached block can serve it.
+    // The oversize step frees the 100 MiB block (the largest oversize ones until 150 MiB
+    // are freed or none is left: here only one), which is not enough, so the full flush runs.
+    let x = alloc.malloc(150 * MIB, S0).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.num_alloc_retries, 1);
+    assert_eq!(stats.num_device_free, 2);
+    alloc.free(x).unwrap();
+
+    // A cached 150 MiB oversize block and a live 20 MiB segment: 60 MiB does not fit next
+    // to them, and freeing the one oversize block of at least 60 MiB is enough: no flush.
+    let (alloc, device) = allocator(200 * MIB, "max_split_size_mb:32");
+    let keep = alloc.malloc(5 * MIB, S0).unwrap();
+    let a = alloc.malloc(150 * MIB, S0).unwrap();
+    alloc.free(a).unwrap();
+    let b = alloc.malloc(60 * MIB, S0).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.num_alloc_retries, 0, "the oversize step was enough");
+    assert_eq!(stats.num_device_free, 1);
+    assert_eq!(stats.memory_reserved(), 80 * MIB);
+    alloc.free(keep).unwrap();
+    alloc.free(b).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+#[test]
+fn out_of_memory_reports_the_numbers_and_leaves_the_pool_intact() {
+    let (alloc, device) = allocator(64 * MIB, "");
+    let live = alloc.malloc(40 * MIB, S0).unwrap();
+    let err = alloc.malloc(30 * MIB, S0).unwrap_err();
+    match &err {
+        AllocError::OutOfMemory {
+            requested,
+            allocated,
+            reserved_unallocated,
+            device_free,
+            device_total,
+            limit,
+        } => {
+            assert_eq!(*requested, 30 * MIB);
+            assert_eq!(*allocated, 40 * MIB);
+            assert_eq!(*reserved_unallocated, 0);
+            assert_eq!(*device_free, 24 * MIB);
+            assert_eq!(*device_total, 64 * MIB);
+            assert_eq!(*limit, None);
+        }
+        other => panic!("expected out-of-memory, got {other:?}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains("30.00 MiB"), "{message}");
+    assert!(message.contains("40.00 MiB is allocated"), "{message}");
+    let stats = alloc.stats();
+    assert_eq!(stats.num_ooms, 1);
+    assert_eq!(stats.num_alloc_retries, 1);
+    // The allocator keeps working.
+    let small = alloc.malloc(4 * MIB, S0).unwrap();
+    alloc.free(small).unwrap();
+    alloc.free(live).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+#[test]
+fn device_failures_are_retried_after_the_cache_is_freed() {
+    let (alloc, device) = allocator(1024 * MIB, "");
+    let cached = alloc.malloc(4096, S0).unwrap();
+    alloc.free(cached).unwrap();
+    device.fail_nth_allocation(1);
+    let a = alloc.malloc(50 * MIB, S0).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.num_alloc_retries, 1);
+    assert_eq!(
+        stats.num_device_free, 1,
+        "the cached small segment was freed first"
+    );
+    assert_eq!(a.size(), 50 * MIB);
+    check_invariants(&alloc, &device);
+}
+
+#[test]
+fn memory_fraction_limits_reserved_memory_like_a_device_oom() {
+    let (alloc, device) = allocator(100 * MIB, "");
+    alloc.set_memory_fraction(0.5).unwrap();
+    let a = alloc.malloc(40 * MIB, S0).unwrap();
+    let err = alloc.malloc(20 * MIB, S0).unwrap_err();
+    match err {
+        AllocError::OutOfMemory { limit, .. } => assert_eq!(limit, Some(50 * MIB)),
+        other => panic!("expected out-of-memory, got {other:?}"),
+    }
+    assert_eq!(
+        device.counters().failed_allocs,
+        0,
+        "the device was never asked"
+    );
+    assert_eq!(alloc.stats().num_ooms, 1);
+    // 8 MiB would take a 20 MiB segment: over the limit too. 10 MiB takes exactly 10 MiB.
+    assert!(alloc.malloc(8 * MIB, S0).unwrap_err().is_out_of_memory());
+    let b = alloc.malloc(10 * MIB, S0).unwrap();
+    assert_eq!(
+        alloc.stats().memory_reserved(),
+        50 * MIB,
+        "exactly at the limit"
+    );
+    alloc.free(a).unwrap();
+    alloc.free(b).unwrap();
+    for bad in [0.0, -0.5, 1.5, f64::NAN] {
+        assert!(alloc.set_memory_fraction(bad).is_err(), "fraction {bad}");
+    }
+    assert!(alloc.set_memory_fraction(1.0).is_ok());
+}
+
+#[test]
+fn garbage_collection_frees_the_oldest_unused_segments_first() {
+    let (alloc, device) = allocator(100 * MIB, "garbage_collection_threshold:0.5");
+    let first = alloc.malloc(12 * MIB, S0).unwrap();
+    let second = alloc.malloc(14 * MIB, S0).unwrap();
+    let third = alloc.malloc(16 * MIB, S0).unwrap();
+    let (a1, a2, a3) = (first.address(), second.address(), third.address());
+    alloc.free(second).unwrap();
+    alloc.free(first).unwrap();
+    alloc.free(third).unwrap();
+    assert_eq!(alloc.stats().memory_reserved(), 42 * MIB);
+    // A 30 MiB miss: reserved (42) is under 50, nothing is collected.
+    let big = alloc.malloc(30 * MIB, S0).unwrap();
+    assert_eq!(alloc.stats().num_device_free, 0);
+    // Another miss with 72 MiB reserved: collect the oldest free segments until <= 50 MiB:
+    // second (freed first, 14 MiB) then first (12 MiB) go; third (16 MiB) stays.
+    let more = alloc.malloc(18 * MIB, S0).unwrap();
+    let segments: Vec<u64> = alloc
+        .snapshot()
+        .segments
+        .iter()
+        .map(|s| s.address)
+        .collect();
+    assert!(!segments.contains(&a1) && !segments.contains(&a2));
+    assert!(segments.contains(&a3));
+    assert_eq!(alloc.stats().num_device_free, 2);
+    alloc.free(big).unwrap();
+    alloc.free(more).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+#[test]
+fn empty_cache_keeps_segments_that_hold_a_live_block() {
+    let (alloc, device) = allocator(256 * MIB, "");
+    let live_small = alloc.malloc(4096, S0).unwrap();
+    let free_small = alloc.malloc(4096, S1).unwrap();
+    let live_large = alloc.malloc(3 * MIB, S0).unwrap();
+    let free_large = alloc.malloc(30 * MIB, S0).unwrap();
+    alloc.free(free_small).unwrap();
+    alloc.free(free_large).unwrap();
+    let released = alloc.empty_cache().unwrap();
+    assert_eq!(released, 2 * MIB + 30 * MIB);
+    let sizes: Vec<u64> = alloc
+        .snapshot()
+        .segments
+        .iter()
+        .map(|s| s.total_size)
+        .collect();
+    assert_eq!(sizes, vec![2 * MIB, 20 * MIB]);
+    assert_eq!(alloc.stats().memory_reserved(), 22 * MIB);
+    alloc.free(live_small).unwrap();
+    alloc.free(live_large).unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().memory_reserved(), 0);
+    assert!(device.live_segments().is_empty());
+}

@@ -1,0 +1,150 @@
+//! Statistics after every step of a scripted scenario, PyTorch's keys, and resets.
+
+use crate::common::*;
+use burn_caching_alloc::alloc::Stat;
+
+fn stat(current: u64, peak: u64, allocated: u64, freed: u64) -> Stat {
+    Stat {
+        current,
+        peak,
+        allocated,
+        freed,
+    }
+}
+
+#[test]
+fn statistics_follow_a_scripted_scenario_step_by_step() {
+    let (alloc, device) = allocator(1024 * MIB, "");
+
+    // 1. A small request: one 2 MiB segment, split.
+    let a = alloc.malloc(1000, S0).unwrap();
+    let s = alloc.stats();
+    assert_eq!(s.allocation.all, stat(1, 1, 1, 0));
+    assert_eq!(s.allocated_bytes.small_pool, stat(1024, 1024, 1024, 0));
+    assert_eq!(s.allocated_bytes.large_pool, stat(0, 0, 0, 0));
+    assert_eq!(s.requested_bytes.all, stat(1000, 1000, 1000, 0));
+    assert_eq!(s.reserved_bytes.all, stat(2 * MIB, 2 * MIB, 2 * MIB, 0));
+    assert_eq!(s.segment.small_pool, stat(1, 1, 1, 0));
+    assert_eq!(s.inactive_split.small_pool.current, 1);
+    assert_eq!(s.inactive_split_bytes.small_pool.current, 2 * MIB - 1024);
+    assert_eq!(s.active_bytes.all.current, 1024);
+    assert_eq!((s.num_device_alloc, s.num_device_free), (1, 0));
+    check_invariants(&alloc, &device);
+
+    // 2. A large request: a 20 MiB segment, split into 3 MiB + 17 MiB.
+    let b = alloc.malloc(3 * MIB, S0).unwrap();
+    let s = alloc.stats();
+    assert_eq!(
+        s.allocated_bytes.all,
+        stat(3 * MIB + 1024, 3 * MIB + 1024, 3 * MIB + 1024, 0)
+    );
+    assert_eq!(
+        s.reserved_bytes.large_pool,
+        stat(20 * MIB, 20 * MIB, 20 * MIB, 0)
+    );
+    assert_eq!(s.inactive_split.all.current, 2);
+    assert_eq!(s.inactive_split_bytes.large_pool.current, 17 * MIB);
+    check_invariants(&alloc, &device);
+
+    // 3. Free the large block: it merges back, its segment is whole and free again.
+    alloc.free(b).unwrap();
+    let s = alloc.stats();
+    assert_eq!(
+        s.allocated_bytes.all,
+        stat(1024, 3 * MIB + 1024, 3 * MIB + 1024, 3 * MIB)
+    );
+    assert_eq!(
+        s.allocated_bytes.large_pool,
+        stat(0, 3 * MIB, 3 * MIB, 3 * MIB)
+    );
+    assert_eq!(
+        s.inactive_split.large_pool.current, 0,
+        "the segment is no longer split"
+    );
+    assert_eq!(s.inactive_split_bytes.large_pool.current, 0);
+    assert_eq!(
+        s.reserved_bytes.all.current,
+        22 * MIB,
+        "freeing keeps the segment cached"
+    );
+    assert_eq!(s.memory_cached(), 22 * MIB - 1024);
+    check_invariants(&alloc, &device);
+
+    // 4. Reset peaks: every peak drops to its current value.
+    alloc.reset_peak_stats();
+    let s = alloc.stats();
+    assert_eq!(s.max_memory_allocated(), 1024);
+    assert_eq!(s.max_memory_reserved(), 22 * MIB);
+
+    // 5. empty_cache returns the free large segment, keeps the small one holding `a`.
+    alloc.empty_cache().unwrap();
+    let s = alloc.stats();
+    assert_eq!(
+        s.reserved_bytes.all,
+        stat(2 * MIB, 22 * MIB, 22 * MIB, 20 * MIB)
+    );
+    assert_eq!(s.segment.large_pool, stat(0, 1, 1, 1));
+    assert_eq!((s.num_device_alloc, s.num_device_free), (2, 1));
+    check_invariants(&alloc, &device);
+
+    // 6. Free the last block; reset the accumulated counters.
+    alloc.free(a).unwrap();
+    alloc.reset_accumulated_stats();
+    let s = alloc.stats();
+    assert_eq!(s.allocation.all, stat(0, 1, 0, 0));
+    assert_eq!(s.allocated_bytes.all, stat(0, 1024, 0, 0));
+    assert_eq!((s.num_device_alloc, s.num_device_free), (0, 0));
+    assert_eq!(s.memory_reserved(), 2 * MIB);
+    check_invariants(&alloc, &device);
+}
+
+#[test]
+fn to_map_uses_pytorch_keys() {
+    let (alloc, _device) = allocator(1024 * MIB, "max_split_size_mb:64");
+    let a = alloc.malloc(3 * MIB, S0).unwrap();
+    let map = alloc.stats().to_map();
+    assert_eq!(map["allocated_bytes.all.current"], 3 * MIB);
+    assert_eq!(map["allocated_bytes.large_pool.peak"], 3 * MIB);
+    assert_eq!(map["allocated_bytes.small_pool.current"], 0);
+    assert_eq!(map["reserved_bytes.large_pool.current"], 20 * MIB);
+    assert_eq!(map["segment.all.allocated"], 1);
+    assert_eq!(map["requested_bytes.all.current"], 3 * MIB);
+    assert_eq!(map["num_device_alloc"], 1);
+    assert_eq!(map["num_ooms"], 0);
+    assert_eq!(map["max_split_size"], 64 * MIB);
+    for name in [
+        "allocation",
+        "segment",
+        "active",
+        "inactive_split",
+        "allocated_bytes",
+        "reserved_bytes",
+        "active_bytes",
+        "inactive_split_bytes",
+        "requested_bytes",
+    ] {
+        for pool in ["all", "small_pool", "large_pool"] {
+            for field in ["current", "peak", "allocated", "freed"] {
+                let key = format!("{name}.{pool}.{field}");
+                assert!(map.contains_key(&key), "missing {key}");
+            }
+        }
+    }
+    assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 6);
+    alloc.free(a).unwrap();
+}
+
+#[test]
+fn the_summary_table_shows_the_numbers() {
+    let (alloc, _device) = allocator(1024 * MIB, "");
+    let _a = alloc.malloc(3 * MIB, S0).unwrap();
+    let summary = alloc.summary();
+    assert!(summary.contains("Allocated memory"), "{summary}");
+    assert!(summary.contains("3.00 MiB"), "{summary}");
+    assert!(summary.contains("20.00 MiB"), "{summary}");
+    assert!(summary.contains("Device allocations: 1"), "{summary}");
+    assert!(
+        summary.lines().all(|l| l.chars().count() == 84),
+        "{summary}"
+    );
+}

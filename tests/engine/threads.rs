@@ -1,0 +1,60 @@
+//! Eight threads allocating and freeing on one allocator at once.
+
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+
+use crate::common::*;
+
+#[test]
+fn eight_threads_share_one_allocator_without_losing_a_byte() {
+    let (alloc, device) = allocator(4096 * MIB, "");
+    let alloc = Arc::new(alloc);
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let alloc = Arc::clone(&alloc);
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(t);
+                let mut live = Vec::new();
+                let mut allocated = 0u64;
+                for _ in 0..2000 {
+                    if live.len() < 32 && rng.random_bool(0.55) {
+                        let size = if rng.random_bool(0.8) {
+                            rng.random_range(1..=MIB)
+                        } else {
+                            rng.random_range(MIB..=16 * MIB)
+                        };
+                        let a = alloc.malloc(size, StreamId(t % 2)).unwrap();
+                        allocated += a.size();
+                        live.push(a);
+                    } else if !live.is_empty() {
+                        let a = live.swap_remove(rng.random_range(0..live.len()));
+                        allocated -= a.size();
+                        alloc.free(a).unwrap();
+                    }
+                }
+                (live, allocated)
+            })
+        })
+        .collect();
+    let mut live = Vec::new();
+    let mut expected = 0;
+    for t in threads {
+        let (l, bytes) = t.join().unwrap();
+        live.extend(l);
+        expected += bytes;
+    }
+    assert_eq!(alloc.stats().memory_allocated(), expected);
+    let mut spans: Vec<(u64, u64)> = live.iter().map(|a| (a.address(), a.size())).collect();
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        assert!(pair[0].0 + pair[0].1 <= pair[1].0, "overlap {pair:?}");
+    }
+    check_invariants(&alloc, &device);
+    for a in live {
+        alloc.free(a).unwrap();
+    }
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().memory_reserved(), 0);
+    assert!(device.live_segments().is_empty());
+}

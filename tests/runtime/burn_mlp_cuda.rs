@@ -1,0 +1,24 @@
+//! A small MLP trains on `Autodiff<CachingCuda>`: the loss falls, reserved memory stops growing
+//! after the first steps, and after everything is dropped and `empty_cache` runs, no memory is
+//! reserved. Skips, saying why, without a CUDA device.
+
+use burn::backend::Autodiff;
+use burn::backend::cuda::CudaDevice;
+use burn_caching_alloc::backend::CachingCuda;
+use burn_caching_alloc::cuda::cuda_available;
+
+use crate::support::mlp_check::{MlpShape, train_and_check};
+
+#[test]
+fn mlp_trains_on_caching_cuda_and_memory_settles() {
+    if let Err(reason) = cuda_available() {
+        eprintln!("skipping: {reason}");
+        return;
+    }
+    let shape = MlpShape {
+        hidden: 64,
+        batch: 128,
+        steps: 300,
+    };
+    train_and_check::<Autodiff<CachingCuda>>(&CudaDevice::default(), shape);
+}

@@ -1,0 +1,86 @@
+//! Out of memory on `CachingWgpu` (lavapipe in CI): with the device made small by
+//! `set_per_process_memory_fraction`, a tensor that cannot fit reaches Burn as an error naming
+//! the allocator's numbers, after the server handed every free slice back and the engine freed
+//! its cache; the server then keeps computing correctly.
+
+use burn::backend::wgpu::WgpuDevice;
+use burn::tensor::{Tensor, TensorData};
+use burn_caching_alloc::alloc::{MIB, format_bytes};
+use burn_caching_alloc::backend::{self, CachingWgpu};
+
+use crate::support::lavapipe::cpu_device;
+
+type B = CachingWgpu;
+
+/// Gives the whole device back when the test ends, passed or failed: the next test on the
+/// shared CPU device must not find it capped.
+struct Uncap<'a>(&'a WgpuDevice);
+
+impl Drop for Uncap<'_> {
+    fn drop(&mut self) {
+        let _ = backend::set_per_process_memory_fraction(self.0, 1.0);
+    }
+}
+
+#[test]
+fn out_of_memory_reaches_burn_with_the_allocators_numbers_and_the_server_recovers() {
+    let Some((device, _turn)) = cpu_device() else {
+        return;
+    };
+    // The device may have run other tests of this binary: start from an empty cache, as a
+    // fresh device would, and count out-of-memory events from here.
+    backend::empty_cache(&device);
+    let before = backend::memory_stats(&device);
+    let total = before.device.total;
+    assert!(total > 64 * MIB, "device total {total}");
+    // Make the device a 64 MiB device.
+    let limit = 64 * MIB;
+    let _uncap = Uncap(&device);
+    backend::set_per_process_memory_fraction(&device, limit as f64 / total as f64)
+        .expect("valid fraction");
+
+    // 24 MiB live, then 24 MiB freed into CubeCL's cache (a size never asked again).
+    let live = Tensor::<B, 1>::ones([6 * MIB as usize], &device);
+    let freed = Tensor::<B, 1>::ones([6 * MIB as usize + 256], &device);
+    assert_eq!(
+        freed.into_data().to_vec::<f32>().expect("f32")[0],
+        1.0,
+        "the freed tensor was real"
+    );
+
+    // 48 MiB cannot fit beside the live 24 MiB under a 64 MiB cap.
+    let too_big = Tensor::<B, 1>::ones([12 * MIB as usize], &device);
+    let err = too_big
+        .try_into_data()
+        .expect_err("a 48 MiB tensor beside 24 MiB live cannot fit in 64 MiB");
+    let message = format!("{err:?}");
+    println!("error reaching Burn: {message}");
+    assert!(message.contains("out of memory"), "{message}");
+    assert!(message.contains(&format_bytes(48 * MIB)), "{message}");
+    assert!(message.contains(&format_bytes(limit)), "{message}");
+
+    let stats = backend::memory_stats(&device);
+    assert!(
+        stats.engine.num_ooms > before.engine.num_ooms,
+        "{} out-of-memory events before, {} after",
+        before.engine.num_ooms,
+        stats.engine.num_ooms
+    );
+    assert!(
+        stats.cubecl.reclaim.oom_reclaims > before.cubecl.reclaim.oom_reclaims,
+        "the server reclaimed before failing: {:?}",
+        stats.cubecl.reclaim
+    );
+    assert!(stats.memory_reserved() <= limit);
+
+    // The server keeps working: new tensors compute correctly.
+    let a = Tensor::<B, 1>::from_data(TensorData::new(vec![1.0f32, 2.0, 3.0], [3]), &device);
+    let head = live.clone().narrow(0, 0, 3);
+    let sum = (a + head).sum();
+    assert_eq!(sum.into_data().to_vec::<f32>().expect("f32"), vec![9.0]);
+
+    backend::set_per_process_memory_fraction(&device, 1.0).expect("valid fraction");
+    drop(live);
+    backend::empty_cache(&device);
+    assert_eq!(backend::memory_stats(&device).memory_reserved(), 0);
+}

@@ -1,0 +1,112 @@
+//! `CudaMemory` and the engine on a real CUDA device: segments, out-of-memory, events, and
+//! reserved memory handed back to the driver. Each test prints why it skips without CUDA.
+//! Each test opens a `CudaMemory` of its own: they share no engine, so they run in parallel.
+
+use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
+use burn_caching_alloc::cuda::{CudaMemory, cuda_available};
+use burn_caching_alloc::device::{DeviceError, DeviceMemory, StreamId};
+use cudarc::driver::result;
+
+fn device() -> Option<CudaMemory> {
+    if let Err(reason) = cuda_available() {
+        eprintln!("skipping: {reason}");
+        return None;
+    }
+    Some(CudaMemory::new(0).expect("CUDA is available, so device 0 opens"))
+}
+
+#[test]
+fn a_segment_holds_data_and_goes_back_to_the_driver() {
+    let Some(mut memory) = device() else { return };
+    let segment = memory
+        .allocate(4 * MIB, StreamId(0))
+        .expect("4 MiB on an idle GPU");
+    assert_eq!(segment.size, 4 * MIB);
+    assert_eq!(segment.address, segment.handle);
+    assert_ne!(segment.address, 0);
+
+    let data: Vec<u8> = (0..4 * MIB).map(|i| (i % 251) as u8).collect();
+    let mut back = vec![0u8; data.len()];
+    // SAFETY: the segment holds 4 MiB; the context is current after `allocate`.
+    unsafe {
+        result::memcpy_htod_sync(segment.handle, &data).expect("upload");
+        result::memcpy_dtoh_sync(&mut back, segment.handle).expect("download");
+    }
+    assert!(back == data, "the segment returns what was written");
+    memory.free(segment).expect("free");
+}
+
+#[test]
+fn more_than_the_device_holds_is_out_of_memory_not_a_panic() {
+    let Some(mut memory) = device() else { return };
+    let total = memory.memory_info().expect("cuMemGetInfo").total;
+    assert_eq!(total, memory.total_memory());
+    let requested = total * 2;
+    match memory.allocate(requested, StreamId(0)) {
+        Err(err) => assert_eq!(err, DeviceError::OutOfMemory { requested }),
+        Ok(segment) => panic!("allocated {requested} bytes on a {total}-byte device: {segment:?}"),
+    }
+}
+
+#[test]
+fn events_come_from_the_pool_and_complete() {
+    let Some(mut memory) = device() else { return };
+    let created = memory.events_created();
+    for _ in 0..200 {
+        let event = memory.record_event(StreamId(7)).expect("record");
+        memory.synchronize_event(&event).expect("synchronize");
+        assert!(
+            memory.query_event(&event).expect("query"),
+            "done after sync"
+        );
+        memory.release_event(event);
+    }
+    assert_eq!(
+        memory.events_created(),
+        created,
+        "recording reuses pooled events"
+    );
+    assert_eq!(memory.streams_created(), 1, "one stream for StreamId(7)");
+}
+
+#[test]
+fn the_context_follows_the_memory_to_another_thread() {
+    let Some(memory) = device() else { return };
+    let handle = std::thread::spawn(move || {
+        let mut memory = memory;
+        let segment = memory.allocate(MIB, StreamId(0))?;
+        memory.free(segment)
+    });
+    handle
+        .join()
+        .expect("no panic")
+        .expect("a fresh thread allocates after the context is made current");
+}
+
+#[test]
+fn empty_cache_returns_segments_to_the_driver() {
+    let Some(memory) = device() else { return };
+    let allocator = CachingAllocator::new(memory, AllocatorConfig::default());
+    let free_before = allocator.device_memory_info().expect("info").free;
+    let blocks: Vec<_> = (0..8)
+        .map(|_| allocator.malloc(8 * MIB, StreamId(0)).expect("8 MiB"))
+        .collect();
+    let stats = allocator.stats();
+    assert!(stats.memory_reserved() >= 64 * MIB);
+    let reserved = stats.memory_reserved();
+    for block in blocks {
+        allocator.free(block).expect("free");
+    }
+    assert_eq!(allocator.stats().memory_allocated(), 0);
+    assert_eq!(
+        allocator.stats().memory_reserved(),
+        reserved,
+        "cached, not freed"
+    );
+    let released = allocator.empty_cache().expect("empty_cache");
+    assert_eq!(released, reserved);
+    assert_eq!(allocator.stats().memory_reserved(), 0);
+    let free_after = allocator.device_memory_info().expect("info").free;
+    // Other processes may allocate meanwhile; this process gave back all it took.
+    println!("device free: {free_before} B before, {free_after} B after");
+}

@@ -1,0 +1,34 @@
+//! The runtime layer and the Burn backends, in one process:
+//!
+//! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
+//!   the simulated device (no GPU, no feature);
+//! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on `CachingWgpu`,
+//!   on the wgpu CPU adapter (Mesa's lavapipe in CI);
+//! - `burn_mlp_cuda`, `cuda_memory` (feature `cuda`): Burn on `CachingCuda` and `CudaMemory`
+//!   on a real CUDA device; each prints why it skips without one.
+//!
+//! Sharing a process: CubeCL keeps one server per device for the whole process, and the
+//! library one engine per device. The wgpu tests all use `WgpuDevice::Cpu` (the only device
+//! lavapipe offers), so `support::lavapipe::cpu_device` hands it out under a process-wide lock:
+//! they run one at a time, each leaves the device as it found it (cache emptied, memory
+//! fraction back to 1) and compares cumulative counters as deltas. `trace_wgpu` needs a
+//! variable set before its device first opens, so it runs in a child process of this binary
+//! (`support::child`). The CUDA tests share nothing: `cuda_memory` opens its own `CudaMemory`,
+//! and only `burn_mlp_cuda` uses the registered CUDA device.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod storage;
+
+#[cfg(feature = "wgpu")]
+mod burn_mlp_wgpu;
+#[cfg(feature = "wgpu")]
+mod burn_oom_wgpu;
+#[cfg(feature = "wgpu")]
+mod trace_wgpu;
+
+#[cfg(feature = "cuda")]
+mod burn_mlp_cuda;
+#[cfg(feature = "cuda")]
+mod cuda_memory;
