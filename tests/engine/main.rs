@@ -4,6 +4,7 @@
 mod common;
 
 mod config;
+mod drop;
 mod errors;
 mod layout;
 mod miss_path;
