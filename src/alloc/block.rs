@@ -42,8 +42,9 @@ pub(crate) struct Block {
     pub pending_events: usize,
     /// The allocation id while allocated.
     pub allocation_id: u64,
-    /// Logical time the block last became free (for garbage collection age).
-    pub freed_at: u64,
+    /// The large pool's search count when the block was last put in a free list: its
+    /// garbage-collection age is the count now minus this (PyTorch's `gc_count_base`).
+    pub gc_base: u64,
 }
 
 impl Block {

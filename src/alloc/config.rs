@@ -23,10 +23,9 @@ pub const KNOWN_KEYS: [&str; 7] = [
     "history_capacity",
 ];
 
-/// The largest `max_split_size_mb` / `max_non_split_rounding_mb` accepted (1 PiB in MiB).
-const MAX_MB: u64 = 1 << 30;
-/// The largest power-of-two division count accepted.
-const MAX_DIVISIONS: u64 = 64;
+/// The smallest `max_split_size_mb` / `max_non_split_rounding_mb` accepted: one 20 MiB
+/// large-pool segment (PyTorch 2.9's `parseMaxSplitSize`).
+const MIN_SPLIT_MB: u64 = 20;
 
 /// Why a configuration string (or a setting) was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,76 +72,98 @@ pub enum ConfigError {
     },
 }
 
-/// Power-of-two rounding divisions, by size interval.
+/// How many size buckets `roundup_power2_divisions` has (PyTorch's
+/// `kRoundUpPowerOfTwoIntervals`).
+const DIVISION_BUCKETS: usize = 16;
+
+/// Power-of-two rounding divisions, by size bucket, as PyTorch's `AllocatorConfig` keeps them.
 ///
-/// Each entry `(upper, n)` applies `n` divisions to sizes up to `upper` bytes; the last entry
-/// has `upper == u64::MAX`. A single number applies to every size. `n <= 1` means no rounding.
+/// Sixteen buckets by powers of two from 1 MiB: bucket 0 holds every size under 2 MiB,
+/// bucket `i >= 1` the sizes in [2^i MiB, 2^(i+1) MiB), and the last one everything from
+/// 32 GiB up. Each holds a division count; 0 or 1 means no power-of-two rounding there.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RoundupDivisions {
-    intervals: Vec<(u64, u64)>,
+    buckets: [u64; DIVISION_BUCKETS],
 }
 
 impl RoundupDivisions {
     /// `n` divisions for every size.
     pub fn uniform(n: u64) -> Self {
         Self {
-            intervals: vec![(u64::MAX, n)],
+            buckets: [n; DIVISION_BUCKETS],
         }
+    }
+
+    /// The bucket of a request of `size` bytes (PyTorch's `roundup_power2_divisions(size)`).
+    fn bucket(size: u64) -> usize {
+        let log_size = 63 - size.max(1).leading_zeros() as usize;
+        let first = MIB.trailing_zeros() as usize;
+        log_size.saturating_sub(first).min(DIVISION_BUCKETS - 1)
     }
 
     /// The division count for a request of `size` bytes (0 when none is configured).
     pub fn for_size(&self, size: u64) -> u64 {
-        self.intervals
-            .iter()
-            .find(|(upper, _)| size <= *upper)
-            .map_or(0, |(_, n)| *n)
+        self.buckets[Self::bucket(size)]
     }
 
     /// Whether no size is rounded (every division count is at most 1).
     pub fn is_empty(&self) -> bool {
-        self.intervals.iter().all(|(_, n)| *n <= 1)
+        self.buckets.iter().all(|n| *n <= 1)
     }
 
-    /// Parses `4` or `[256:1,512:2,>:8]` (interval bounds in MiB, ascending powers of two).
+    /// Parses `4` (a power of two, for every size) or a list like `[1:2,16:8,>:4]`, read as
+    /// PyTorch 2.9's `parseRoundUpPower2Divisions` reads it: key `N:d` (N a power of two, in
+    /// MiB) sets the bucket [N, 2N) MiB, the first such key also fills every bucket below
+    /// it, buckets between two keys stay 0, and `>:d` fills every bucket after the last key
+    /// read before it. Keys may come in any order; a later one overwrites. List values are
+    /// 0 or a power of two.
     fn parse(value: &str) -> Result<Self, ConfigError> {
         let invalid = |expected: &str| ConfigError::InvalidValue {
             key: "roundup_power2_divisions".into(),
             value: value.into(),
             expected: expected.into(),
         };
-        let divisions = |text: &str| -> Result<u64, ConfigError> {
-            match text.trim().parse::<u64>() {
-                Ok(n) if n == 0 || (n.is_power_of_two() && n <= MAX_DIVISIONS) => Ok(n),
-                _ => Err(invalid("0 or a power of two up to 64")),
-            }
+        let power_of_two = |text: &str, zero_allowed: bool| -> Option<u64> {
+            text.trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|n| n.is_power_of_two() || (zero_allowed && *n == 0))
         };
         let Some(list) = value.strip_prefix('[') else {
-            return Ok(Self::uniform(divisions(value)?));
+            return power_of_two(value, false)
+                .map(Self::uniform)
+                .ok_or_else(|| invalid("a power of two, or a list like [1:2,16:8,>:4]"));
         };
         let list = list
             .strip_suffix(']')
-            .ok_or_else(|| invalid("a number or a list like [256:1,512:2,>:8]"))?;
-        let mut intervals: Vec<(u64, u64)> = Vec::new();
+            .ok_or_else(|| invalid("a number or a list like [1:2,16:8,>:4]"))?;
+        let mut divisions = Self::default();
+        if list.trim().is_empty() {
+            return Ok(divisions);
+        }
+        let mut first_key = true;
+        let mut last_bucket = 0;
         for entry in list.split(',') {
-            let (bound, n) = entry.split_once(':').ok_or_else(|| {
+            let (key, n) = entry.split_once(':').ok_or_else(|| {
                 invalid("list entries of the form SIZE_MB:DIVISIONS or >:DIVISIONS")
             })?;
-            let upper = match bound.trim() {
-                ">" => u64::MAX,
-                mb => match mb.parse::<u64>() {
-                    Ok(mb) if mb.is_power_of_two() && mb <= MAX_MB => mb * MIB,
-                    _ => return Err(invalid("interval bounds that are powers of two in MiB")),
-                },
-            };
-            if intervals.last().is_some_and(|(last, _)| *last >= upper) {
-                return Err(invalid("interval bounds in ascending order, `>` last"));
+            let n = power_of_two(n, true)
+                .ok_or_else(|| invalid("divisions that are 0 or a power of two"))?;
+            if key.trim() == ">" {
+                divisions.buckets[last_bucket + 1..].fill(n);
+                continue;
             }
-            intervals.push((upper, divisions(n)?));
+            let mb = power_of_two(key, false)
+                .ok_or_else(|| invalid("bucket keys that are powers of two in MiB, or `>`"))?;
+            let bucket = (mb.trailing_zeros() as usize).min(DIVISION_BUCKETS - 1);
+            if first_key {
+                divisions.buckets[..bucket].fill(n);
+                first_key = false;
+            }
+            divisions.buckets[bucket] = n;
+            last_bucket = bucket;
         }
-        if intervals.is_empty() {
-            return Err(invalid("a non-empty list"));
-        }
-        Ok(Self { intervals })
+        Ok(divisions)
     }
 }
 
@@ -221,11 +242,10 @@ impl AllocatorConfig {
     fn apply(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
         match key {
             "max_split_size_mb" => {
-                let mb = parse_integer(key, value, 21, MAX_MB)?;
-                self.max_split_size = Some(mb * MIB);
+                self.max_split_size = Some(parse_megabytes(key, value)?);
             }
             "max_non_split_rounding_mb" => {
-                self.max_non_split_rounding = parse_integer(key, value, 0, MAX_MB)? * MIB;
+                self.max_non_split_rounding = parse_megabytes(key, value)?;
             }
             "garbage_collection_threshold" => {
                 let t = parse_fraction(key, value, false)?;
@@ -323,6 +343,19 @@ fn parse_integer(key: &str, value: &str, min: u64, max: u64) -> Result<u64, Conf
             key,
             value,
             &format!("a whole number from {min} to {max}"),
+        )),
+    }
+}
+
+/// At least 20 MiB, as bytes; values too large to hold in bytes are capped, as PyTorch caps
+/// them (`std::min(value, SIZE_MAX / kMB)`).
+fn parse_megabytes(key: &str, value: &str) -> Result<u64, ConfigError> {
+    match value.parse::<u64>() {
+        Ok(mb) if mb >= MIN_SPLIT_MB => Ok(mb.min(u64::MAX / MIB) * MIB),
+        _ => Err(invalid(
+            key,
+            value,
+            &format!("a whole number of MiB, at least {MIN_SPLIT_MB}"),
         )),
     }
 }

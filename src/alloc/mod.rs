@@ -46,6 +46,8 @@ pub use error::AllocError;
 pub use size::{PoolKind, round_size, segment_size};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
 pub use stats::{MemoryStats, Stat, StatArray};
+#[cfg(feature = "runtime")]
+pub(crate) use stats::signed;
 pub use trace::{Trace, TraceEvent};
 pub use trace_file::TraceFileError;
 pub use units::{KIB, MIB, format_bytes};

@@ -67,7 +67,11 @@ pub fn round_size(size: u64, divisions: &RoundupDivisions) -> u64 {
         return MIN_BLOCK_SIZE;
     }
     let n = divisions.for_size(size);
-    if n > 1 && size > MIN_BLOCK_SIZE * n {
+    if n > 1
+        && MIN_BLOCK_SIZE
+            .checked_mul(n)
+            .is_some_and(|limit| size > limit)
+    {
         return round_to_power2_division(size, n);
     }
     size.div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)

@@ -56,11 +56,11 @@ impl Stat {
         self.freed = 0;
     }
 
-    fn insert_into(&self, map: &mut BTreeMap<String, u64>, prefix: &str) {
-        map.insert(format!("{prefix}.current"), self.current);
-        map.insert(format!("{prefix}.peak"), self.peak);
-        map.insert(format!("{prefix}.allocated"), self.allocated);
-        map.insert(format!("{prefix}.freed"), self.freed);
+    fn insert_into(&self, map: &mut BTreeMap<String, i64>, prefix: &str) {
+        map.insert(format!("{prefix}.current"), signed(self.current));
+        map.insert(format!("{prefix}.peak"), signed(self.peak));
+        map.insert(format!("{prefix}.allocated"), signed(self.allocated));
+        map.insert(format!("{prefix}.freed"), signed(self.freed));
     }
 }
 
@@ -113,7 +113,7 @@ impl StatArray {
         [&mut self.all, &mut self.small_pool, &mut self.large_pool]
     }
 
-    fn insert_into(&self, map: &mut BTreeMap<String, u64>, name: &str) {
+    fn insert_into(&self, map: &mut BTreeMap<String, i64>, name: &str) {
         self.all.insert_into(map, &format!("{name}.all"));
         self.small_pool
             .insert_into(map, &format!("{name}.small_pool"));
@@ -158,8 +158,8 @@ pub struct MemoryStats {
     pub num_device_alloc: u64,
     /// Segments returned to the device.
     pub num_device_free: u64,
-    /// The configured `max_split_size` (`u64::MAX` when unlimited).
-    pub max_split_size: u64,
+    /// The configured `max_split_size` in bytes, -1 when unlimited (PyTorch's int64 value).
+    pub max_split_size: i64,
 }
 
 impl MemoryStats {
@@ -229,8 +229,9 @@ impl MemoryStats {
         self.num_device_free = 0;
     }
 
-    /// PyTorch's flat keys: `allocated_bytes.all.current`, `num_ooms`, ...
-    pub fn to_map(&self) -> BTreeMap<String, u64> {
+    /// PyTorch's flat keys and values (int64, as `torch.cuda.memory_stats()` gives them):
+    /// `allocated_bytes.all.current`, `num_ooms`, ..., `max_split_size` (-1 when unlimited).
+    pub fn to_map(&self) -> BTreeMap<String, i64> {
         let mut map = BTreeMap::new();
         let arrays = [
             ("allocation", &self.allocation),
@@ -250,12 +251,20 @@ impl MemoryStats {
             .insert_into(&mut map, "oversize_allocations");
         self.oversize_segments
             .insert_into(&mut map, "oversize_segments");
-        map.insert("num_alloc_retries".into(), self.num_alloc_retries);
-        map.insert("num_ooms".into(), self.num_ooms);
-        map.insert("num_sync_all_streams".into(), self.num_sync_all_streams);
-        map.insert("num_device_alloc".into(), self.num_device_alloc);
-        map.insert("num_device_free".into(), self.num_device_free);
+        map.insert("num_alloc_retries".into(), signed(self.num_alloc_retries));
+        map.insert("num_ooms".into(), signed(self.num_ooms));
+        map.insert(
+            "num_sync_all_streams".into(),
+            signed(self.num_sync_all_streams),
+        );
+        map.insert("num_device_alloc".into(), signed(self.num_device_alloc));
+        map.insert("num_device_free".into(), signed(self.num_device_free));
         map.insert("max_split_size".into(), self.max_split_size);
         map
     }
+}
+
+/// A count or byte amount as PyTorch's int64 (amounts never come near `i64::MAX`).
+pub(crate) fn signed(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }

@@ -53,7 +53,7 @@ impl CachingMemoryStats {
 
     /// Every number by name: the engine's PyTorch names (`allocated_bytes.all.current`, ...),
     /// then `cubecl.*`, `device.*` and the layer totals.
-    pub fn to_map(&self) -> BTreeMap<String, u64> {
+    pub fn to_map(&self) -> BTreeMap<String, i64> {
         let mut map = self.engine.to_map();
         let c = &self.cubecl;
         for (key, value) in [
@@ -77,7 +77,7 @@ impl CachingMemoryStats {
             ("cached_in_cubecl", self.cached_in_cubecl()),
             ("cached_in_engine", self.cached_in_engine()),
         ] {
-            map.insert(key.to_string(), value);
+            map.insert(key.to_string(), crate::alloc::signed(value));
         }
         map
     }

@@ -75,11 +75,6 @@ fn check_tiling(snapshot: &Snapshot) {
             segment.address + segment.total_size,
             "blocks cover the segment"
         );
-        if let Some(max) = snapshot.config.max_split_size
-            && segment.total_size >= max
-        {
-            assert_eq!(segment.blocks.len(), 1, "oversize segments are never split");
-        }
         let pool_ok = match segment.pool {
             PoolKind::Small => segment.total_size == 2 * MIB,
             PoolKind::Large => segment.total_size > MIB,
@@ -129,8 +124,10 @@ fn check_stats_match_recount(snapshot: &Snapshot, stats: &MemoryStats) {
         let allocated = count(&|s, _| s == BlockState::ActiveAllocated);
         let active = count(&|s, _| s != BlockState::Inactive);
         let inactive_split = count(&|s, split| s == BlockState::Inactive && split);
+        // Requested bytes drop when a free completes (PyTorch's `free_block`): pending
+        // frees still count.
         let requested: u64 = blocks()
-            .filter(|(_, b)| b.state == BlockState::ActiveAllocated)
+            .filter(|(_, b)| b.state != BlockState::Inactive)
             .map(|(_, b)| b.requested_size)
             .sum();
         let reserved: u64 = segments.iter().map(|s| s.total_size).sum();

@@ -23,6 +23,18 @@ fn parses_every_key() {
     assert_eq!(config.history_capacity, 100);
 }
 
+/// PyTorch 2.9's `parseMaxSplitSize` / `parseMaxNonSplitRoundingSize`: at least 20 MiB, and a
+/// value too large for bytes is capped at `SIZE_MAX / 1 MiB` MiB.
+#[test]
+fn split_sizes_accept_20_mib_and_cap_huge_values() {
+    let config =
+        AllocatorConfig::parse("max_split_size_mb:20,max_non_split_rounding_mb:20").unwrap();
+    assert_eq!(config.max_split_size, Some(20 * MIB));
+    assert_eq!(config.max_non_split_rounding, 20 * MIB);
+    let config = AllocatorConfig::parse(&format!("max_split_size_mb:{}", u64::MAX)).unwrap();
+    assert_eq!(config.max_split_size, Some(u64::MAX / MIB * MIB));
+}
+
 #[test]
 fn empty_string_gives_the_defaults() {
     assert_eq!(
@@ -45,7 +57,12 @@ fn rejects_malformed_unknown_and_out_of_range_values() {
         ("max_split_size_mb:", "empty value"),
         (":5", "empty key"),
         ("max_split_size_mb:128,,record_history:true", "empty item"),
-        ("max_split_size_mb:20", "at or under 20 MiB"),
+        (
+            "max_split_size_mb:19",
+            "under 20 MiB (PyTorch 2.9's parseMaxSplitSize)",
+        ),
+        ("max_non_split_rounding_mb:19", "under 20 MiB"),
+        ("max_split_size_mb:99999999999999999999", "beyond 64 bits"),
         ("max_split_size_mb:-5", "negative"),
         ("max_split_size_mb:abc", "not a number"),
         ("garbage_collection_threshold:0", "zero"),
@@ -55,7 +72,18 @@ fn rejects_malformed_unknown_and_out_of_range_values() {
         ("per_process_memory_fraction:1.01", "fraction over one"),
         ("per_process_memory_fraction:nan", "NaN"),
         ("roundup_power2_divisions:3", "not a power of two"),
-        ("roundup_power2_divisions:[64:4,32:2]", "descending bounds"),
+        (
+            "roundup_power2_divisions:0",
+            "a single value must be a power of two",
+        ),
+        (
+            "roundup_power2_divisions:[64:3]",
+            "list divisions are 0 or a power of two",
+        ),
+        (
+            "roundup_power2_divisions:[0:4]",
+            "key 0 is not a power of two",
+        ),
         ("roundup_power2_divisions:[64:4", "unclosed bracket"),
         (
             "roundup_power2_divisions:[48:4,>:8]",
@@ -93,7 +121,7 @@ fn errors_name_the_key_and_the_accepted_range() {
     let err = AllocatorConfig::parse("per_process_memory_fraction:2").unwrap_err();
     assert!(err.to_string().contains("(0, 1]"), "{err}");
     let err = AllocatorConfig::parse("max_split_size_mb:8").unwrap_err();
-    assert!(err.to_string().contains("from 21 to"), "{err}");
+    assert!(err.to_string().contains("at least 20"), "{err}");
     let err = AllocatorConfig::parse("max_splt_size_mb:128").unwrap_err();
     assert!(matches!(err, ConfigError::UnknownKey { ref key } if key == "max_splt_size_mb"));
     assert!(

@@ -8,6 +8,7 @@ mod drop;
 mod errors;
 mod layout;
 mod miss_path;
+mod parity;
 mod props;
 mod rounding;
 mod stats;

@@ -149,37 +149,6 @@ fn memory_fraction_limits_reserved_memory_like_a_device_oom() {
 }
 
 #[test]
-fn garbage_collection_frees_the_oldest_unused_segments_first() {
-    let (alloc, device) = allocator(100 * MIB, "garbage_collection_threshold:0.5");
-    let first = alloc.malloc(12 * MIB, S0).unwrap();
-    let second = alloc.malloc(14 * MIB, S0).unwrap();
-    let third = alloc.malloc(16 * MIB, S0).unwrap();
-    let (a1, a2, a3) = (first.address(), second.address(), third.address());
-    alloc.free(second).unwrap();
-    alloc.free(first).unwrap();
-    alloc.free(third).unwrap();
-    assert_eq!(alloc.stats().memory_reserved(), 42 * MIB);
-    // A 30 MiB miss: reserved (42) is under 50, nothing is collected.
-    let big = alloc.malloc(30 * MIB, S0).unwrap();
-    assert_eq!(alloc.stats().num_device_free, 0);
-    // Another miss with 72 MiB reserved: collect the oldest free segments until <= 50 MiB:
-    // second (freed first, 14 MiB) then first (12 MiB) go; third (16 MiB) stays.
-    let more = alloc.malloc(18 * MIB, S0).unwrap();
-    let segments: Vec<u64> = alloc
-        .snapshot()
-        .segments
-        .iter()
-        .map(|s| s.address)
-        .collect();
-    assert!(!segments.contains(&a1) && !segments.contains(&a2));
-    assert!(segments.contains(&a3));
-    assert_eq!(alloc.stats().num_device_free, 2);
-    alloc.free(big).unwrap();
-    alloc.free(more).unwrap();
-    check_invariants(&alloc, &device);
-}
-
-#[test]
 fn empty_cache_keeps_segments_that_hold_a_live_block() {
     let (alloc, device) = allocator(256 * MIB, "");
     let live_small = alloc.malloc(4096, S0).unwrap();

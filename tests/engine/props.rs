@@ -41,8 +41,9 @@ fn config() -> impl Strategy<Value = &'static str> {
     prop_oneof![
         Just(""),
         Just("max_split_size_mb:32"),
-        Just("garbage_collection_threshold:0.6"),
-        Just("roundup_power2_divisions:4,max_split_size_mb:48,max_non_split_rounding_mb:8"),
+        Just("garbage_collection_threshold:0.6,per_process_memory_fraction:0.7"),
+        Just("roundup_power2_divisions:[1:2,16:8,>:4],max_split_size_mb:20"),
+        Just("roundup_power2_divisions:4,max_split_size_mb:48,max_non_split_rounding_mb:24"),
         Just("per_process_memory_fraction:0.7"),
     ]
 }

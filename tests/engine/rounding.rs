@@ -61,26 +61,30 @@ fn power_of_two_divisions_round_to_the_next_step() {
     assert_eq!(round_size(9 * MIB + 1, &eight), 10 * MIB);
 }
 
+/// PyTorch's buckets (`roundup_power2_divisions(size)`): key `N:d` sets [N, 2N) MiB only;
+/// sizes between two keys get no division rounding. The parity tests hold the other cases.
 #[test]
-fn interval_divisions_apply_per_size_range() {
+fn interval_divisions_apply_per_size_bucket() {
     let config = AllocatorConfig::parse("roundup_power2_divisions:[1:1,64:4,>:8]").unwrap();
     let d = &config.roundup_power2_divisions;
     assert_eq!(d.for_size(100 * KIB), 1);
-    assert_eq!(d.for_size(3 * MIB), 4);
-    assert_eq!(d.for_size(100 * MIB), 8);
+    assert_eq!(d.for_size(3 * MIB), 0, "between the keys 1 and 64");
+    assert_eq!(d.for_size(100 * MIB), 4);
+    assert_eq!(d.for_size(200 * MIB), 8);
     assert_eq!(
         round_size(100 * KIB + 1, d),
         100 * KIB + 512,
         "1 division: plain rounding"
     );
-    assert_eq!(
-        round_size(3 * MIB - 1, d),
-        3 * MIB,
-        "steps of 512 KiB between 2 and 4 MiB"
-    );
+    assert_eq!(round_size(3 * MIB + 1, d), 3 * MIB + 512, "no division");
     assert_eq!(
         round_size(100 * MIB, d),
-        104 * MIB,
-        "steps of 8 MiB between 64 and 128 MiB"
+        112 * MIB,
+        "steps of 16 MiB between 64 and 128 MiB"
+    );
+    assert_eq!(
+        round_size(200 * MIB, d),
+        208 * MIB,
+        "steps of 16 MiB between 128 and 256 MiB"
     );
 }

@@ -103,15 +103,16 @@ fn to_map_uses_pytorch_keys() {
     let (alloc, _device) = allocator(1024 * MIB, "max_split_size_mb:64");
     let a = alloc.malloc(3 * MIB, S0).unwrap();
     let map = alloc.stats().to_map();
-    assert_eq!(map["allocated_bytes.all.current"], 3 * MIB);
-    assert_eq!(map["allocated_bytes.large_pool.peak"], 3 * MIB);
+    let mib = MIB as i64;
+    assert_eq!(map["allocated_bytes.all.current"], 3 * mib);
+    assert_eq!(map["allocated_bytes.large_pool.peak"], 3 * mib);
     assert_eq!(map["allocated_bytes.small_pool.current"], 0);
-    assert_eq!(map["reserved_bytes.large_pool.current"], 20 * MIB);
+    assert_eq!(map["reserved_bytes.large_pool.current"], 20 * mib);
     assert_eq!(map["segment.all.allocated"], 1);
-    assert_eq!(map["requested_bytes.all.current"], 3 * MIB);
+    assert_eq!(map["requested_bytes.all.current"], 3 * mib);
     assert_eq!(map["num_device_alloc"], 1);
     assert_eq!(map["num_ooms"], 0);
-    assert_eq!(map["max_split_size"], 64 * MIB);
+    assert_eq!(map["max_split_size"], 64 * mib);
     for name in [
         "allocation",
         "segment",

@@ -17,20 +17,22 @@ pub(crate) struct PendingFree<E> {
 
 impl<D: DeviceMemory> Engine<D> {
     /// Records an event on every other stream the block was used on.
+    ///
+    /// If recording fails, the block is not freed: the stream the event was for may still
+    /// read it (PyTorch's `insert_events` raises and leaves the block alone). The streams left
+    /// without an event stay on the block, the error is returned, and the next
+    /// `process_events` or `synchronize_pending` tries again.
     pub fn insert_events(&mut self, block: BlockId) -> Result<(), AllocError> {
         let streams = std::mem::take(&mut self.blocks.blocks[block].stream_uses);
-        for stream in streams {
+        for (i, &stream) in streams.iter().enumerate() {
             match self.device.record_event(stream) {
                 Ok(event) => {
                     self.blocks.blocks[block].pending_events += 1;
                     self.pending.push(PendingFree { event, block });
                 }
                 Err(e) => {
-                    // Without its event the block cannot be proven idle: wait for what
-                    // was recorded, then free it, rather than reuse it too early.
-                    if self.blocks.blocks[block].pending_events == 0 {
-                        self.free_block(block);
-                    }
+                    self.blocks.blocks[block].stream_uses = streams[i..].to_vec();
+                    self.needs_events.push(block);
                     return Err(e.into());
                 }
             }
@@ -38,17 +40,29 @@ impl<D: DeviceMemory> Engine<D> {
         Ok(())
     }
 
-    /// One event of a pending free completed; frees the block after its last one.
+    /// Records the events that failed to record earlier. A failure again keeps the block
+    /// waiting (it was reported to the free that asked for it) and is logged.
+    fn retry_failed_events(&mut self) {
+        for block in std::mem::take(&mut self.needs_events) {
+            if let Err(e) = self.insert_events(block) {
+                log::warn!("recording a stream event for a freed block failed again: {e}");
+            }
+        }
+    }
+
+    /// One event of a pending free completed; frees the block after its last one, once every
+    /// stream it was used on has had its event.
     fn event_done(&mut self, block: BlockId) {
         let b = &mut self.blocks.blocks[block];
         b.pending_events -= 1;
-        if b.pending_events == 0 {
+        if b.pending_events == 0 && b.stream_uses.is_empty() {
             self.free_block(block);
         }
     }
 
     /// Completes the pending frees whose events have finished.
     pub fn process_events(&mut self) -> Result<(), AllocError> {
+        self.retry_failed_events();
         let mut i = 0;
         while i < self.pending.len() {
             if self.device.query_event(&self.pending[i].event)? {
@@ -63,11 +77,11 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// Waits for every pending event and completes every pending free.
+    /// Counted in `num_sync_all_streams` every time, pending events or not (PyTorch's
+    /// `synchronize_and_free_events`).
     pub fn synchronize_pending(&mut self) -> Result<(), AllocError> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
         self.stats.num_sync_all_streams += 1;
+        self.retry_failed_events();
         while let Some(pending) = self.pending.pop() {
             if let Err(e) = self.device.synchronize_event(&pending.event) {
                 self.pending.push(pending);

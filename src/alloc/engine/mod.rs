@@ -7,13 +7,17 @@
 //! A request walks this path, PyTorch's, in order:
 //! 1. complete pending frees whose stream events have finished;
 //! 2. round the size, pick the pool, take the best-fitting cached block of the same stream;
-//! 3. on a miss, collect garbage if a threshold is set (oldest unsplit cached segments first);
+//! 3. on a miss, collect garbage if a threshold and a memory fraction below 1 are set (whole
+//!    free large segments at least the mean age, by large-pool searches since cached);
 //! 4. allocate a new segment from the device (refused up front if it would break the
 //!    per-process memory fraction);
 //! 5. if that fails, free cached oversize blocks and retry;
 //! 6. if that fails, synchronise pending events, free every unsplit cached segment and retry
 //!    (`num_alloc_retries` += 1);
 //! 7. if that fails, report out-of-memory (`num_ooms` += 1) with the numbers that explain it.
+//!
+//! A request that can never fit (beyond the device or its largest buffer) fails before step 3
+//! with `TooLarge`, counted as an out-of-memory as PyTorch counts it.
 
 mod events;
 mod placement;
@@ -44,10 +48,13 @@ pub(crate) struct Engine<D: DeviceMemory> {
     small: FreeList,
     large: FreeList,
     pending: Vec<PendingFree<D::Event>>,
+    /// Freed blocks with streams whose event failed to record: held until it records.
+    needs_events: Vec<BlockId>,
     stats: MemoryStats,
     history: Option<TraceRing>,
-    /// Logical time: one tick per request.
-    clock: u64,
+    /// Large-pool cache searches while garbage collection is on: the clock that ages cached
+    /// blocks (PyTorch's `get_free_blocks_call_count`).
+    large_searches: u64,
     next_allocation_id: u64,
     /// The device's total memory, asked once.
     device_total: Option<u64>,
@@ -80,7 +87,9 @@ impl<D: DeviceMemory> Engine<D> {
             .record_history
             .then(|| TraceRing::new(config.history_capacity));
         let stats = MemoryStats {
-            max_split_size: config.max_split_size.unwrap_or(u64::MAX),
+            max_split_size: config
+                .max_split_size
+                .map_or(-1, crate::alloc::stats::signed),
             ..MemoryStats::default()
         };
         Self {
@@ -94,9 +103,10 @@ impl<D: DeviceMemory> Engine<D> {
             // splits, the ordered map anything larger.
             large: FreeList::with_classes(SMALL_SIZE + MIN_BLOCK_SIZE, LARGE_CLASS_LIMIT),
             pending: Vec::new(),
+            needs_events: Vec::new(),
             stats,
             history,
-            clock: 0,
+            large_searches: 0,
             next_allocation_id: 1,
             device_total: None,
         }
@@ -195,11 +205,19 @@ impl<D: DeviceMemory> Engine<D> {
         self.device_total
     }
 
-    /// What the per-process memory fraction allows reserved memory to reach.
+    /// What the per-process memory fraction allows reserved memory to reach; `None` without
+    /// a fraction, or with 1.0, which means no limit (PyTorch's `setMemoryFraction`).
     pub fn fraction_limit(&mut self) -> Option<u64> {
-        let fraction = self.config.memory_fraction?;
+        let fraction = self.config.memory_fraction.filter(|f| *f < 1.0)?;
         let total = self.device_total()?;
         Some((fraction * total as f64) as u64)
+    }
+
+    /// Whether garbage collection is on: a threshold and a memory fraction below 1 (PyTorch
+    /// runs `garbage_collect_cached_blocks` only with both).
+    pub fn gc_enabled(&self) -> bool {
+        self.config.garbage_collection_threshold.is_some()
+            && self.config.memory_fraction.is_some_and(|f| f < 1.0)
     }
 
     /// The block size and pool a request of `size` bytes (> 0) takes.
@@ -220,27 +238,24 @@ impl<D: DeviceMemory> Engine<D> {
         }
         self.process_events()?;
         let total = self.device_total();
-        let too_large = |max| AllocError::TooLarge {
-            requested: size,
-            max,
-        };
         let (rounded, pool) = self.block_for(size);
         if let Some(total) = total
             && rounded > total
         {
-            return Err(too_large(total));
+            return Err(self.too_large(size, total, stream));
         }
         let mut new_segment = segment_size(rounded);
         if let Some(max) = self.max_segment
             && new_segment > max
         {
             if rounded > max {
-                return Err(too_large(max));
+                return Err(self.too_large(size, max, stream));
             }
             new_segment = rounded;
         }
-        self.clock += 1;
-
+        if pool == PoolKind::Large && self.gc_enabled() {
+            self.large_searches += 1;
+        }
         if let Some(block) = self.take_free_block(pool, stream, rounded) {
             return Ok(Some(self.allocate_block(block, rounded, size)));
         }
@@ -248,7 +263,26 @@ impl<D: DeviceMemory> Engine<D> {
             return Ok(None);
         }
 
-        self.collect_garbage()?;
+        match self.grow(new_segment, pool, stream, rounded) {
+            Ok(Some(block)) => Ok(Some(self.allocate_block(block, rounded, size))),
+            Ok(None) => Err(self.out_of_memory(size, stream)),
+            Err(AllocError::TooLarge { max, .. }) => Err(self.too_large(size, max, stream)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Steps 3 to 6 of the miss path: a new segment of `new_segment` bytes for a block of
+    /// `rounded` bytes, freeing cache as needed; `None` when even that fails.
+    fn grow(
+        &mut self,
+        new_segment: u64,
+        pool: PoolKind,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Result<Option<BlockId>, AllocError> {
+        if self.gc_enabled() {
+            self.collect_garbage()?;
+        }
         let mut block = self.allocate_segment(new_segment, pool, stream)?;
         if block.is_none() && self.release_oversize_blocks(pool, stream, rounded)? {
             block = self.allocate_segment(new_segment, pool, stream)?;
@@ -258,10 +292,7 @@ impl<D: DeviceMemory> Engine<D> {
             self.stats.num_alloc_retries += 1;
             block = self.allocate_segment(new_segment, pool, stream)?;
         }
-        match block {
-            Some(block) => Ok(Some(self.allocate_block(block, rounded, size))),
-            None => Err(self.out_of_memory(size, stream)),
-        }
+        Ok(block)
     }
 
     /// The block of live allocation `id`, which was handed out as `block`; an error if that
@@ -278,11 +309,9 @@ impl<D: DeviceMemory> Engine<D> {
         let block = self.live_block(id, block)?;
         let pool = self.blocks.pool(block);
         let max_split = self.max_split();
-        let b = &self.blocks.blocks[block];
-        let (size, requested) = (b.size, b.requested);
+        let size = self.blocks.blocks[block].size;
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
-        self.stats.requested_bytes.decrease(pool, requested);
         if size >= max_split {
             self.stats.oversize_allocations.decrease(1);
         }
@@ -323,12 +352,29 @@ impl<D: DeviceMemory> Engine<D> {
         self.release_cached_blocks()
     }
 
-    fn out_of_memory(&mut self, size: u64, stream: StreamId) -> AllocError {
+    /// A request that can never fit: the device (or its largest segment) holds at most `max`
+    /// bytes. PyTorch learns this only when `cudaMalloc` fails and counts it as an
+    /// out-of-memory (`num_ooms`, an `oom` trace entry); so does this allocator, but it knows
+    /// up front, so it neither flushes the cache nor counts a retry first.
+    fn too_large(&mut self, size: u64, max: u64, stream: StreamId) -> AllocError {
+        self.count_oom(size, stream);
+        AllocError::TooLarge {
+            requested: size,
+            max,
+        }
+    }
+
+    /// Counts an out-of-memory and records it in the trace.
+    fn count_oom(&mut self, size: u64, stream: StreamId) {
         self.stats.num_ooms += 1;
         self.record(|| TraceEvent::Oom {
             size,
             stream: stream.0,
         });
+    }
+
+    fn out_of_memory(&mut self, size: u64, stream: StreamId) -> AllocError {
+        self.count_oom(size, stream);
         let info = self.device.memory_info().ok();
         let allocated = self.stats.memory_allocated();
         AllocError::OutOfMemory {

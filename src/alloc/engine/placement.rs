@@ -6,8 +6,9 @@
 //! above it takes one only if the block is less than `max_non_split_rounding` larger.
 //!
 //! Split: in the small pool any remainder of at least 512 bytes becomes a free block; in the
-//! large pool only a remainder of more than 1 MiB, and only from a block under
-//! `max_split_size`, so the large pool does not fill with slivers no large request can use.
+//! large pool only a remainder of more than 1 MiB, and only for a request under
+//! `max_split_size` (PyTorch's `should_split` tests the request, not the block), so the large
+//! pool does not fill with slivers no large request can use.
 //!
 //! Merge: a block that becomes free absorbs its free neighbours in the segment (a neighbour
 //! still waiting on stream events stays apart until its own free completes).
@@ -67,14 +68,17 @@ impl<D: DeviceMemory> Engine<D> {
         );
     }
 
-    /// Puts a free block in its free list.
+    /// Puts a free block in its free list; its garbage-collection age starts at 0 (PyTorch's
+    /// `insert_into_blocks`).
     fn list(&mut self, block: BlockId) {
         let (pool, stream, address) = (
             self.blocks.pool(block),
             self.blocks.stream(block),
             self.blocks.address(block),
         );
-        let size = self.blocks.blocks[block].size;
+        let b = &mut self.blocks.blocks[block];
+        b.gc_base = self.large_searches;
+        let size = b.size;
         self.free_list(pool).insert(stream, size, address, block);
     }
 
@@ -82,7 +86,9 @@ impl<D: DeviceMemory> Engine<D> {
         let remaining = block_size - rounded;
         match pool {
             PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
-            PoolKind::Large => block_size < self.max_split() && remaining > SMALL_SIZE,
+            // PyTorch's `should_split` compares the request, not the block: a request under
+            // `max_split_size` splits even a block at or above it.
+            PoolKind::Large => rounded < self.max_split() && remaining > SMALL_SIZE,
         }
     }
 
@@ -127,7 +133,7 @@ impl<D: DeviceMemory> Engine<D> {
                 stream_uses: Vec::new(),
                 pending_events: 0,
                 allocation_id: 0,
-                freed_at: b.freed_at,
+                gc_base: 0,
             };
             let remainder = self.blocks.blocks.insert(remainder);
             if let Some(next) = self.blocks.blocks[block].next {
@@ -173,16 +179,17 @@ impl<D: DeviceMemory> Engine<D> {
     /// Makes a freed block reusable: merges it with free neighbours and lists the result.
     pub fn free_block(&mut self, block: BlockId) {
         let pool = self.blocks.pool(block);
-        let clock = self.clock;
         let b = &mut self.blocks.blocks[block];
-        let (size, id) = (b.size, b.allocation_id);
+        let (size, requested, id) = (b.size, b.requested, b.allocation_id);
         b.state = BlockState::Inactive;
         b.stream_uses.clear();
         b.requested = 0;
         b.allocation_id = 0;
-        b.freed_at = clock;
+        // Active and requested bytes drop when the free completes, not when it is asked for
+        // (PyTorch's `free_block`): a free waiting on another stream still counts.
         self.stats.active.decrease(pool, 1);
         self.stats.active_bytes.decrease(pool, size);
+        self.stats.requested_bytes.decrease(pool, requested);
 
         let mut before = (0, 0);
         let neighbours = [
@@ -209,7 +216,6 @@ impl<D: DeviceMemory> Engine<D> {
         let segment = o.segment;
         let b = &mut self.blocks.blocks[block];
         b.size += o.size;
-        b.freed_at = b.freed_at.max(o.freed_at);
         if b.prev == Some(other) {
             b.offset = o.offset;
             b.prev = o.prev;

@@ -55,7 +55,7 @@ impl<D: DeviceMemory> Engine<D> {
             stream_uses: Vec::new(),
             pending_events: 0,
             allocation_id: 0,
-            freed_at: self.clock,
+            gc_base: 0,
         });
         self.blocks.segments[segment_id].first = block;
         self.stats.segment.increase(pool, 1);
@@ -156,27 +156,49 @@ impl<D: DeviceMemory> Engine<D> {
         Ok(released)
     }
 
-    /// With a garbage-collection threshold set and reserved memory above that fraction of
-    /// the allowed memory, returns the large pool's whole free segments to the device, the
-    /// longest-unused first, until reserved memory is back under the threshold.
+    /// PyTorch's `garbage_collect_cached_blocks`, called on a cache miss when a threshold
+    /// and a memory fraction below 1 are set. While reserved memory exceeds threshold x
+    /// allowed, each pass returns to the device *every* whole free large-pool segment whose
+    /// age (large-pool searches since it was cached) is at least the mean age of those
+    /// segments; it does not stop at the target inside a pass, so that collection is not
+    /// triggered again at once. Passes repeat until the excess is reclaimed or a pass frees
+    /// nothing. No synchronisation: pending frees stay pending.
     pub fn collect_garbage(&mut self) -> Result<(), AllocError> {
         let Some(threshold) = self.config.garbage_collection_threshold else {
             return Ok(());
         };
-        let Some(allowed) = self.fraction_limit().or_else(|| self.device_total()) else {
+        let Some(allowed) = self.fraction_limit() else {
             return Ok(());
         };
-        let target = (threshold * allowed as f64) as u64;
-        if self.stats.memory_reserved() <= target {
+        let gc_threshold = (threshold * allowed as f64) as u64;
+        let reserved = self.stats.memory_reserved();
+        if reserved <= gc_threshold {
             return Ok(());
         }
-        let mut candidates = self.whole_free_segments(PoolKind::Large);
-        candidates.sort_by_key(|&b| self.blocks.blocks[b].freed_at);
-        for block in candidates {
-            if self.stats.memory_reserved() <= target {
-                break;
+        let target = reserved - gc_threshold;
+        let now = self.large_searches;
+        let mut candidates: Vec<(BlockId, u64)> = self
+            .whole_free_segments(PoolKind::Large)
+            .into_iter()
+            .map(|b| (b, now - self.blocks.blocks[b].gc_base))
+            .collect();
+        let mut total_age: u64 = candidates.iter().map(|(_, age)| age).sum();
+        let mut reclaimed = 0;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && !candidates.is_empty() {
+            let mean_age = total_age as f64 / candidates.len() as f64;
+            freed_any = false;
+            let mut kept = Vec::with_capacity(candidates.len());
+            for (block, age) in std::mem::take(&mut candidates) {
+                if age as f64 >= mean_age {
+                    reclaimed += self.release_segment(block)?;
+                    total_age -= age;
+                    freed_any = true;
+                } else {
+                    kept.push((block, age));
+                }
             }
-            self.release_segment(block)?;
+            candidates = kept;
         }
         Ok(())
     }

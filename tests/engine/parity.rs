@@ -1,0 +1,431 @@
+//! PyTorch parity, rule by rule, with the numbers worked out from PyTorch's code
+//! (`c10/cuda/CUDACachingAllocator.cpp` and `c10/core/AllocatorConfig.cpp`, PyTorch 2.9; the
+//! function each test follows is named in its doc comment).
+
+use std::sync::Arc;
+
+use burn_caching_alloc::alloc::{
+    AllocError, AllocatorConfig, BlockState, CachingAllocator, RoundupDivisions, TraceEvent,
+    round_size,
+};
+use burn_caching_alloc::device::sim::SimDevice;
+use burn_caching_alloc::device::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo};
+use parking_lot::Mutex;
+
+use crate::common::*;
+
+/// `should_split`: in the large pool the *request* is compared with `max_split_size`. A
+/// 62.5 MiB request under `max_split_size_mb:64` gets a 64 MiB segment and the 1.5 MiB
+/// remainder is split off. Freed, the segment is whole again at 64 MiB, and `get_free_block`
+/// keeps it from any request under 64 MiB, the same 62.5 MiB included.
+#[test]
+fn should_split_compares_the_request_with_max_split_size() {
+    let (alloc, device) = allocator(1024 * MIB, "max_split_size_mb:64");
+    let request = 62 * MIB + 512 * KIB;
+    let remainder = MIB + 512 * KIB;
+    let a = alloc.malloc(request, S0).unwrap();
+    assert_eq!(layout(&alloc), vec![vec![(request, A), (remainder, F)]]);
+    let s = alloc.stats();
+    assert_eq!(s.allocated_bytes.all.current, request);
+    assert_eq!(s.reserved_bytes.all.current, 64 * MIB);
+    assert_eq!(s.inactive_split.all.current, 1);
+    assert_eq!(s.inactive_split_bytes.all.current, remainder);
+    assert_eq!(s.oversize_allocations.current, 0, "62.5 MiB < 64 MiB");
+    assert_eq!(s.oversize_segments.current, 1, "the segment is 64 MiB");
+    check_invariants(&alloc, &device);
+
+    alloc.free(a).unwrap();
+    assert_eq!(layout(&alloc), vec![vec![(64 * MIB, F)]]);
+    assert_eq!(alloc.stats().inactive_split.all.current, 0);
+    let b = alloc.malloc(request, S0).unwrap();
+    assert_eq!(
+        device.counters().allocs,
+        2,
+        "the oversize block is not taken"
+    );
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![(64 * MIB, F)], vec![(request, A), (remainder, F)]]
+    );
+    // A request at max_split_size takes it (less than 20 MiB over), whole.
+    let c = alloc.malloc(64 * MIB, S0).unwrap();
+    assert_eq!(device.counters().allocs, 2);
+    assert_eq!(c.size(), 64 * MIB);
+    assert_eq!(alloc.stats().oversize_allocations.current, 1);
+    check_invariants(&alloc, &device);
+    alloc.free(b).unwrap();
+    alloc.free(c).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// A 3 MiB request on stream 1, freed at once: one large-pool search that reuses the
+/// stream-1 segment, which stays split by `_keep`, so it is never a collection candidate.
+fn tick(alloc: &CachingAllocator<SimDevice>) {
+    let t = alloc.malloc(3 * MIB, S1).unwrap();
+    alloc.free(t).unwrap();
+}
+
+fn addresses(alloc: &CachingAllocator<SimDevice>) -> Vec<(u64, u64)> {
+    alloc
+        .snapshot()
+        .segments
+        .iter()
+        .map(|s| (s.address, s.total_size))
+        .collect()
+}
+
+/// `garbage_collect_cached_blocks` with `get_free_block`'s ages: 200 MiB device, fraction 0.5
+/// (100 MiB allowed), threshold 0.5 (collect above 50 MiB). At the 30 MiB miss the cached
+/// 12, 14 and 16 MiB segments have ages 7, 6 and 1 (large-pool searches since cached), mean
+/// 4.67: one pass frees both the 12 and the 14 MiB segment, though the first alone covers
+/// the 12 MiB excess; the youngest stays.
+#[test]
+fn garbage_collection_frees_every_block_at_least_the_mean_age_in_a_pass() {
+    let (alloc, device) = allocator(
+        200 * MIB,
+        "garbage_collection_threshold:0.5,per_process_memory_fraction:0.5",
+    );
+    let _keep = alloc.malloc(3 * MIB, S1).unwrap(); // search 1: 20 MiB on stream 1
+    let a = alloc.malloc(12 * MIB, S0).unwrap(); // search 2
+    let b = alloc.malloc(14 * MIB, S0).unwrap(); // search 3: 46 MiB reserved
+    let (a_at, b_at) = (a.address(), b.address());
+    alloc.free(a).unwrap(); // cached at 3
+    tick(&alloc); // 4
+    alloc.free(b).unwrap(); // cached at 4
+    for _ in 0..4 {
+        tick(&alloc); // 5 to 8
+    }
+    let c = alloc.malloc(16 * MIB, S0).unwrap(); // search 9: a miss, 46 <= 50, no collection
+    let c_at = c.address();
+    assert_eq!(device.counters().frees, 0);
+    alloc.free(c).unwrap(); // cached at 9; 62 MiB reserved
+    let d = alloc.malloc(30 * MIB, S0).unwrap(); // search 10: ages 7, 6, 1
+    assert_eq!(device.counters().frees, 2);
+    let segments = addresses(&alloc);
+    assert!(!segments.iter().any(|(at, _)| *at == a_at || *at == b_at));
+    assert!(segments.contains(&(c_at, 16 * MIB)));
+    assert_eq!(alloc.stats().memory_reserved(), (20 + 16 + 30) * MIB);
+    alloc.free(d).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// `garbage_collect_cached_blocks` repeats passes until the excess is reclaimed: threshold
+/// 0.4 (40 MiB), 62 MiB reserved, ages 6, 3 and 1 for 12, 14 and 16 MiB. Pass one (mean
+/// 3.33) frees the 12 MiB segment; pass two (mean 2 of the rest) the 14 MiB one, reaching the
+/// 22 MiB excess; the youngest stays.
+#[test]
+fn garbage_collection_repeats_passes_until_the_excess_is_reclaimed() {
+    let (alloc, device) = allocator(
+        200 * MIB,
+        "garbage_collection_threshold:0.4,per_process_memory_fraction:0.5",
+    );
+    let _keep = alloc.malloc(3 * MIB, S1).unwrap(); // search 1
+    let a = alloc.malloc(12 * MIB, S0).unwrap(); // 2
+    let b = alloc.malloc(14 * MIB, S0).unwrap(); // 3
+    // Search 4 misses with 46 MiB reserved: collection runs, but nothing is cached.
+    let c = alloc.malloc(16 * MIB, S0).unwrap();
+    let (a_at, b_at, c_at) = (a.address(), b.address(), c.address());
+    alloc.free(a).unwrap(); // cached at 4
+    for _ in 0..3 {
+        tick(&alloc); // 5 to 7
+    }
+    alloc.free(b).unwrap(); // cached at 7
+    tick(&alloc); // 8
+    tick(&alloc); // 9
+    alloc.free(c).unwrap(); // cached at 9
+    let d = alloc.malloc(40 * MIB, S0).unwrap(); // search 10: ages 6, 3, 1
+    assert_eq!(device.counters().frees, 2);
+    let segments = addresses(&alloc);
+    assert!(!segments.iter().any(|(at, _)| *at == a_at || *at == b_at));
+    assert!(segments.contains(&(c_at, 16 * MIB)));
+    assert_eq!(alloc.stats().memory_reserved(), (20 + 16 + 40) * MIB);
+    alloc.free(d).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// `malloc` calls `garbage_collect_cached_blocks` only when a fraction is set and the
+/// threshold is positive; fraction 1.0 is no limit (`setMemoryFraction`).
+#[test]
+fn garbage_collection_needs_a_memory_fraction_below_one() {
+    let (alloc, device) = allocator(100 * MIB, "garbage_collection_threshold:0.1");
+    let a = alloc.malloc(20 * MIB, S0).unwrap();
+    alloc.free(a).unwrap();
+    let b = alloc.malloc(30 * MIB, S0).unwrap(); // a miss 10x over the threshold
+    assert_eq!(device.counters().frees, 0, "no fraction: no collection");
+    alloc.set_memory_fraction(1.0).unwrap();
+    let c = alloc.malloc(40 * MIB, S0).unwrap();
+    assert_eq!(
+        device.counters().frees,
+        0,
+        "fraction 1.0: no limit, no collection"
+    );
+    assert_eq!(alloc.stats().memory_reserved(), 90 * MIB);
+    alloc.set_memory_fraction(0.95).unwrap();
+    let d = alloc.malloc(21 * MIB, S0).unwrap(); // the cached 20 MiB is too small: a miss
+    assert_eq!(device.counters().frees, 1, "now the cached 20 MiB goes");
+    assert_eq!(alloc.stats().memory_reserved(), 92 * MIB);
+    for x in [b, c, d] {
+        alloc.free(x).unwrap();
+    }
+    check_invariants(&alloc, &device);
+}
+
+/// `parseRoundUpPower2Divisions` and `roundup_power2_divisions(size)`: 16 buckets from 1 MiB.
+/// `[1:2,16:8,>:4]`: bucket 0 (< 2 MiB) 2, buckets [2, 16) MiB 0, [16, 32) MiB 8, from 32 MiB
+/// on 4. So 5 MiB is not rounded by divisions, 20 MiB takes 8 (steps of 2 MiB).
+#[test]
+fn roundup_list_fills_buckets_as_pytorch_parses_them() {
+    let parse = |text: &str| {
+        AllocatorConfig::parse(&format!("roundup_power2_divisions:{text}"))
+            .unwrap()
+            .roundup_power2_divisions
+    };
+    let d = parse("[1:2,16:8,>:4]");
+    let table = [
+        (600 * KIB, 2),
+        (MIB + MIB / 2, 2),
+        (3 * MIB, 0),
+        (5 * MIB, 0),
+        (15 * MIB, 0),
+        (20 * MIB, 8),
+        (100 * MIB, 4),
+        (64 * 1024 * MIB, 4),
+    ];
+    for (size, n) in table {
+        assert_eq!(d.for_size(size), n, "divisions for {size} bytes");
+    }
+    assert_eq!(round_size(600 * KIB, &d), 768 * KIB, "steps of 256 KiB");
+    assert_eq!(round_size(5 * MIB + 1, &d), 5 * MIB + 512, "no division");
+    assert_eq!(round_size(20 * MIB + 1, &d), 22 * MIB, "8 steps of 2 MiB");
+    assert_eq!(round_size(100 * MIB, &d), 112 * MIB, "4 steps of 16 MiB");
+
+    // Unordered: the first key also fills every bucket below it; a later one overwrites.
+    let d = parse("[16:8,1:2]");
+    assert_eq!(
+        (d.for_size(MIB), d.for_size(3 * MIB), d.for_size(20 * MIB)),
+        (2, 8, 8)
+    );
+    assert_eq!(
+        d.for_size(40 * MIB),
+        0,
+        "no `>`: buckets after the last key stay 0"
+    );
+    // `>` fills after the last key read before it (none: bucket 0 stays).
+    let d = parse("[>:4,64:2]");
+    assert_eq!(
+        (
+            d.for_size(MIB),
+            d.for_size(100 * MIB),
+            d.for_size(200 * MIB)
+        ),
+        (2, 2, 4)
+    );
+    // A key beyond the last bucket is clamped to it.
+    assert_eq!(parse("[65536:4]"), RoundupDivisions::uniform(4));
+    assert_eq!(parse("[]"), RoundupDivisions::default());
+    // A single value has no cap; 1 is a power of two that rounds nothing.
+    assert_eq!(parse("128"), RoundupDivisions::uniform(128));
+    assert_eq!(round_size(3 * MIB + 1, &parse("1")), 3 * MIB + 512);
+}
+
+/// `free` lowers allocated bytes at once; `free_block` lowers active and requested bytes when
+/// the free completes, after the other stream's event.
+#[test]
+fn requested_bytes_drop_when_the_free_completes() {
+    let (alloc, device) = allocator(64 * MIB, "");
+    let a = alloc.malloc(1000, S0).unwrap();
+    alloc.record_stream(&a, S1).unwrap();
+    alloc.free(a).unwrap();
+    let s = alloc.stats();
+    assert_eq!(s.allocated_bytes.all.current, 0);
+    assert_eq!(s.requested_bytes.all.current, 1000, "still pending");
+    assert_eq!(s.active_bytes.all.current, 1024);
+    check_invariants(&alloc, &device);
+    device.complete_events(S1);
+    let b = alloc.malloc(4096, S0).unwrap();
+    let s = alloc.stats();
+    assert_eq!(s.requested_bytes.all.current, 4096);
+    assert_eq!(s.requested_bytes.all.freed, 1000);
+    assert_eq!(s.active_bytes.all.current, 4096);
+    alloc.free(b).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// `synchronize_and_free_events` counts `num_sync_all_streams` on every release of cached
+/// blocks, pending events or not: each `empty_cache` and the last retry before an OOM.
+#[test]
+fn every_cache_release_counts_a_sync_of_all_streams() {
+    let (alloc, _device) = allocator(64 * MIB, "");
+    alloc.empty_cache().unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().num_sync_all_streams, 2);
+    let a = alloc.malloc(40 * MIB, S0).unwrap();
+    assert!(alloc.malloc(30 * MIB, S0).unwrap_err().is_out_of_memory());
+    let s = alloc.stats();
+    assert_eq!(
+        (s.num_sync_all_streams, s.num_alloc_retries, s.num_ooms),
+        (3, 1, 1)
+    );
+    alloc.free(a).unwrap();
+}
+
+/// `DeviceCachingAllocator()` stores `max_split_size` as int64: SIZE_MAX when unlimited,
+/// which `memory_stats` reports as -1.
+#[test]
+fn max_split_size_is_minus_one_when_unlimited() {
+    let (alloc, _device) = allocator(64 * MIB, "");
+    assert_eq!(alloc.stats().max_split_size, -1);
+    assert_eq!(alloc.stats().to_map()["max_split_size"], -1);
+    let (alloc, _device) = allocator(64 * MIB, "max_split_size_mb:20");
+    assert_eq!(alloc.stats().to_map()["max_split_size"], 20 * MIB as i64);
+}
+
+/// `malloc`: a request beyond the device fails `cudaMalloc` in PyTorch and ends in its OOM
+/// branch (`num_ooms` += 1, an `oom` trace entry). Here it is a `TooLarge` error, counted the
+/// same way, found before the device is asked: the cache is not flushed for it.
+#[test]
+fn a_request_beyond_the_device_counts_as_an_oom_without_flushing_the_cache() {
+    let (alloc, device) = allocator(64 * MIB, "record_history:true");
+    let a = alloc.malloc(4 * MIB, S0).unwrap();
+    alloc.free(a).unwrap();
+    let err = alloc.malloc(65 * MIB, S0).unwrap_err();
+    assert!(matches!(err, AllocError::TooLarge { .. }), "{err:?}");
+    let s = alloc.stats();
+    assert_eq!(s.num_ooms, 1);
+    assert_eq!(
+        (
+            s.num_alloc_retries,
+            s.num_sync_all_streams,
+            s.num_device_free
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(s.memory_reserved(), 20 * MIB, "the cache stays");
+    assert_eq!(device.counters().allocs, 1);
+    let events = alloc.trace().events;
+    assert!(matches!(
+        events.last(),
+        Some(TraceEvent::Oom { size, stream: 0 }) if *size == 65 * MIB
+    ));
+}
+
+/// A simulated device whose chosen event recordings fail, as `cudaEventRecord` may.
+#[derive(Clone)]
+struct FailingRecords {
+    inner: SimDevice,
+    /// Record calls to fail, counted from 1.
+    failing: Arc<Mutex<(u64, Vec<u64>)>>,
+}
+
+impl FailingRecords {
+    fn new(inner: SimDevice) -> Self {
+        Self {
+            inner,
+            failing: Arc::default(),
+        }
+    }
+
+    /// Makes the `n`-th record call from now (1 = the next) fail.
+    fn fail_nth_record(&self, n: u64) {
+        let mut state = self.failing.lock();
+        let at = state.0 + n;
+        state.1.push(at);
+    }
+}
+
+impl DeviceMemory for FailingRecords {
+    type Handle = <SimDevice as DeviceMemory>::Handle;
+    type Event = <SimDevice as DeviceMemory>::Event;
+
+    fn allocate(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
+        self.inner.allocate(size, stream)
+    }
+    fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
+        self.inner.free(segment)
+    }
+    fn memory_info(&mut self) -> Result<MemoryInfo, DeviceError> {
+        self.inner.memory_info()
+    }
+    fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, DeviceError> {
+        let mut state = self.failing.lock();
+        state.0 += 1;
+        let call = state.0;
+        if state.1.contains(&call) {
+            return Err(DeviceError::Driver(
+                "injected: cudaEventRecord failed".into(),
+            ));
+        }
+        drop(state);
+        self.inner.record_event(stream)
+    }
+    fn query_event(&mut self, event: &Self::Event) -> Result<bool, DeviceError> {
+        self.inner.query_event(event)
+    }
+    fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), DeviceError> {
+        self.inner.synchronize_event(event)
+    }
+    fn release_event(&mut self, event: Self::Event) {
+        self.inner.release_event(event)
+    }
+}
+
+fn states(alloc: &CachingAllocator<FailingRecords>) -> Vec<Vec<(u64, BlockState)>> {
+    alloc
+        .snapshot()
+        .segments
+        .iter()
+        .map(|s| s.blocks.iter().map(|b| (b.size, b.state)).collect())
+        .collect()
+}
+
+/// `insert_events`: when recording an event fails, PyTorch raises and leaves the block alone;
+/// it is never freed while a stream it was used on may still read it. Here the free reports
+/// the error, the block stays pending, and it is freed only after an event on *every* such
+/// stream completed: stream 1's event completing is not enough while stream 2 has none.
+#[test]
+fn a_failed_event_record_never_frees_the_block_early() {
+    let sim = SimDevice::new(64 * MIB);
+    let device = FailingRecords::new(sim.clone());
+    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
+    let a = alloc.malloc(4096, S0).unwrap();
+    let a_at = a.address();
+    alloc.record_stream(&a, S1).unwrap();
+    alloc.record_stream(&a, StreamId(2)).unwrap();
+    device.fail_nth_record(2); // stream 2's event, at the free
+    device.fail_nth_record(3); // and again at the next request
+    let err = alloc.free(a).unwrap_err();
+    assert!(
+        matches!(err, AllocError::Device(DeviceError::Driver(_))),
+        "{err:?}"
+    );
+    assert_eq!(sim.counters().events_recorded, 1, "stream 1's event only");
+    let pending = vec![vec![(4096, P), (2 * MIB - 4096, F)]];
+    assert_eq!(states(&alloc), pending);
+    assert_eq!(alloc.stats().active_bytes.all.current, 4096);
+
+    // Stream 1 passes its event; stream 2 still has none (the retry fails): the block stays.
+    sim.complete_events(S1);
+    let b = alloc.malloc(4096, S0).unwrap();
+    assert_ne!(b.address(), a_at);
+    alloc.free(b).unwrap();
+    assert_eq!(states(&alloc), pending);
+    // The next request records stream 2's event; until it completes the block stays.
+    let c = alloc.malloc(4096, S0).unwrap();
+    assert_ne!(c.address(), a_at);
+    assert_eq!(sim.counters().events_recorded, 2);
+    alloc.free(c).unwrap();
+    sim.complete_events(StreamId(2));
+    let d = alloc.malloc(4096, S0).unwrap();
+    assert_eq!(
+        d.address(),
+        a_at,
+        "freed once every stream's event completed"
+    );
+    assert_eq!(alloc.stats().active_bytes.all.current, 4096);
+    alloc.free(d).unwrap();
+    assert_eq!(alloc.stats().requested_bytes.all.current, 0);
+}
