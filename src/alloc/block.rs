@@ -45,6 +45,9 @@ pub(crate) struct Block {
     /// The large pool's search count when the block was last put in a free list: its
     /// garbage-collection age is the count now minus this (PyTorch's `gc_count_base`).
     pub gc_base: u64,
+    /// Whether pages back the block. Always true outside expandable segments; an unmapped
+    /// block is reserved address space at page boundaries, in no free list.
+    pub mapped: bool,
 }
 
 impl Block {
@@ -63,6 +66,9 @@ pub(crate) struct Segment<H> {
     pub handle: H,
     /// The block at offset 0.
     pub first: BlockId,
+    /// An expandable segment: a reserved range whose blocks may be unmapped; `size` is the
+    /// whole range and only mapped bytes count as reserved.
+    pub expandable: bool,
 }
 
 /// Every block and segment the engine holds.

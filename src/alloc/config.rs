@@ -13,7 +13,8 @@ use super::units::MIB;
 pub const CONFIG_ENV: &str = "BURN_CACHING_ALLOC_CONF";
 
 /// Every key the configuration string accepts.
-pub const KNOWN_KEYS: [&str; 7] = [
+pub const KNOWN_KEYS: [&str; 8] = [
+    "expandable_segments",
     "max_split_size_mb",
     "max_non_split_rounding_mb",
     "garbage_collection_threshold",
@@ -185,6 +186,11 @@ pub struct AllocatorConfig {
     pub record_history: bool,
     /// How many trace events the ring keeps.
     pub history_capacity: usize,
+    /// PyTorch's `expandable_segments`: per stream and pool, one reserved address range that
+    /// grows by mapping pages at its end instead of new segments (needs a device with
+    /// virtual memory).
+    #[serde(default)]
+    pub expandable_segments: bool,
 }
 
 impl Default for AllocatorConfig {
@@ -197,6 +203,7 @@ impl Default for AllocatorConfig {
             memory_fraction: None,
             record_history: false,
             history_capacity: 1 << 20,
+            expandable_segments: false,
         }
     }
 }
@@ -267,9 +274,15 @@ impl AllocatorConfig {
             "history_capacity" => {
                 self.history_capacity = parse_integer(key, value, 1, 1 << 32)? as usize;
             }
-            "expandable_segments"
-            | "release_lock_on_cudamalloc"
-            | "pinned_use_cuda_host_register" => {
+            "expandable_segments" => {
+                // PyTorch's tokenizer takes `True`/`False`; lower case is accepted too.
+                self.expandable_segments = match value {
+                    "True" | "true" | "1" => true,
+                    "False" | "false" | "0" => false,
+                    _ => return Err(invalid(key, value, "True or False")),
+                };
+            }
+            "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" => {
                 return Err(ConfigError::Unsupported {
                     key: key.into(),
                     reason: "this allocator has no such mode".into(),

@@ -245,6 +245,49 @@ impl FreeList {
         best.map(|(size, _, block)| (size, block))
     }
 
+    /// The free block of `stream` that follows (`size`, `address`) in best-fit order: the
+    /// next larger address among blocks of `size`, else the smallest larger block.
+    pub fn next_after(&self, stream: StreamId, size: u64, address: u64) -> Option<(u64, BlockId)> {
+        let classed = self.stream_classes(stream).and_then(|classes| {
+            let in_class = |index: usize, after: u64| {
+                let list = &classes.blocks[index];
+                let at = list.partition_point(|&(a, _)| a <= after);
+                list.get(at)
+                    .map(|&(a, b)| ((classes.first + index) as u64 * MIN_BLOCK_SIZE, a, b))
+            };
+            let from = match self.class_of(size) {
+                Some(class) => {
+                    let index = class - classes.first;
+                    if let Some(found) = in_class(index, address) {
+                        return Some(found);
+                    }
+                    index + 1
+                }
+                None if size < self.min_size => 0,
+                None => return None,
+            };
+            let index = classes.first_occupied(from)?;
+            let &(a, b) = classes.blocks[index].first()?;
+            Some(((classes.first + index) as u64 * MIN_BLOCK_SIZE, a, b))
+        });
+        let from = Key {
+            stream,
+            size,
+            address,
+        };
+        let ordered = self
+            .ordered
+            .range((std::ops::Bound::Excluded(from), std::ops::Bound::Unbounded))
+            .next()
+            .filter(|(key, _)| key.stream == stream)
+            .map(|(key, &block)| (key.size, key.address, block));
+        let next = match (classed, ordered) {
+            (Some(a), Some(b)) => Some(if (b.0, b.1) < (a.0, a.1) { b } else { a }),
+            (a, b) => a.or(b),
+        };
+        next.map(|(size, _, block)| (size, block))
+    }
+
     /// Free blocks of `stream` from largest to smallest (highest address first among equals).
     pub fn largest_first(&self, stream: StreamId) -> impl Iterator<Item = (u64, BlockId)> + '_ {
         let mut blocks: Vec<(u64, u64, BlockId)> = self

@@ -45,9 +45,9 @@ pub use config::{AllocatorConfig, ConfigError, RoundupDivisions};
 pub use error::AllocError;
 pub use size::{PoolKind, round_size, segment_size};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
-pub use stats::{MemoryStats, Stat, StatArray};
 #[cfg(feature = "runtime")]
 pub(crate) use stats::signed;
+pub use stats::{MemoryStats, Stat, StatArray};
 pub use trace::{Trace, TraceEvent};
 pub use trace_file::TraceFileError;
 pub use units::{KIB, MIB, format_bytes};

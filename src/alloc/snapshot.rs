@@ -44,6 +44,10 @@ pub struct SegmentSnapshot {
     pub pool: PoolKind,
     /// The segment's blocks in address order; they tile it exactly.
     pub blocks: Vec<BlockSnapshot>,
+    /// One contiguous mapped run of an expandable segment (PyTorch's `is_expandable`): an
+    /// expandable segment shows as one such segment per run.
+    #[serde(default)]
+    pub is_expandable: bool,
 }
 
 /// Every segment and block, with the statistics, the configuration and the history.

@@ -60,6 +60,25 @@ pub enum TraceEvent {
         /// The segment's size, in bytes.
         size: u64,
     },
+    /// Pages were mapped at `address` of an expandable segment (PyTorch's `segment_map`).
+    SegmentMap {
+        /// Where the mapped pages start.
+        address: u64,
+        /// The mapped bytes.
+        size: u64,
+        /// The segment's stream.
+        stream: u64,
+    },
+    /// Pages at `address` of an expandable segment went back to the device
+    /// (PyTorch's `segment_unmap`).
+    SegmentUnmap {
+        /// Where the unmapped pages start.
+        address: u64,
+        /// The unmapped bytes.
+        size: u64,
+        /// The segment's stream.
+        stream: u64,
+    },
     /// The caller asked to empty the cache.
     EmptyCache,
     /// A request of `size` bytes failed with out-of-memory.

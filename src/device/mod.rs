@@ -51,6 +51,9 @@ pub enum DeviceError {
     /// Any other driver failure.
     #[error("device driver error: {0}")]
     Driver(String),
+    /// The device cannot do this at all (e.g. virtual memory on wgpu).
+    #[error("the device does not support {0}")]
+    Unsupported(&'static str),
 }
 
 /// A segment as the device hands it out: where it lives and how kernels reach it.
@@ -96,5 +99,52 @@ pub trait DeviceMemory: Send + 'static {
     /// the device: the engine asks once, when it is created.
     fn max_segment_size(&self) -> Option<u64> {
         None
+    }
+
+    /// The page granularity of virtual memory if the device can reserve address ranges and
+    /// back them with physical pages later (CUDA's virtual memory management); `None` (the
+    /// default) if it cannot. Expandable segments need it.
+    fn virtual_memory_granularity(&self) -> Option<u64> {
+        None
+    }
+
+    /// Reserves `size` bytes of address space for `stream`, with no memory behind it yet.
+    fn reserve_range(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
+        let _ = (size, stream);
+        Err(DeviceError::Unsupported("virtual memory"))
+    }
+
+    /// Backs `[offset, offset + size)` of a reserved range with physical pages (offset and
+    /// size multiples of the granularity); `OutOfMemory` when the device has no pages left.
+    fn map_range(
+        &mut self,
+        range: &DeviceSegment<Self::Handle>,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), DeviceError> {
+        let _ = (range, offset, size);
+        Err(DeviceError::Unsupported("virtual memory"))
+    }
+
+    /// Returns the pages behind `[offset, offset + size)` of a reserved range to the device,
+    /// once the work queued on the range's stream has finished with them.
+    fn unmap_range(
+        &mut self,
+        range: &DeviceSegment<Self::Handle>,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), DeviceError> {
+        let _ = (range, offset, size);
+        Err(DeviceError::Unsupported("virtual memory"))
+    }
+
+    /// Gives back a reserved range that has nothing mapped.
+    fn release_range(&mut self, range: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
+        let _ = range;
+        Err(DeviceError::Unsupported("virtual memory"))
     }
 }

@@ -13,17 +13,23 @@ use super::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo, StreamId};
 /// Where the first fake segment starts; segments are laid out upwards, 2 MiB aligned.
 const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
 const ADDRESS_ALIGNMENT: u64 = 2 << 20;
+/// The page granularity of the simulated virtual memory (CUDA's on current GPUs).
+const PAGE: u64 = 2 << 20;
 
 /// Calls the device has seen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SimCounters {
-    /// Segments handed out.
+    /// Segments handed out, and page ranges mapped.
     pub allocs: u64,
-    /// Segments taken back.
+    /// Segments taken back, and page ranges unmapped.
     pub frees: u64,
-    /// Allocation calls refused (too large, out of memory, or injected failures).
+    /// Allocation and map calls refused (too large, out of memory, or injected failures).
     pub failed_allocs: u64,
+    /// Address ranges reserved (virtual memory).
+    pub ranges_reserved: u64,
+    /// Address ranges given back.
+    pub ranges_released: u64,
     /// `record_event` calls.
     pub events_recorded: u64,
     /// `query_event` calls.
@@ -49,6 +55,8 @@ struct SimState {
     next_handle: u64,
     /// Live segments: address -> (size, handle).
     live: BTreeMap<u64, (u64, u64)>,
+    /// Reserved address ranges: address -> (size, handle, mapped pages as offset -> size).
+    ranges: BTreeMap<u64, (u64, u64, BTreeMap<u64, u64>)>,
     bytes_in_use: u64,
     counters: SimCounters,
     /// Allocation calls to fail, counted from 1 at the next call.
@@ -57,6 +65,41 @@ struct SimState {
     /// Per stream: the last event sequence recorded and the last completed.
     recorded: BTreeMap<StreamId, u64>,
     completed: BTreeMap<StreamId, u64>,
+}
+
+impl SimState {
+    /// Takes `size` bytes of capacity for an allocation or a map, or fails as out of memory
+    /// (injected failures included): one device call either way.
+    fn take_memory(&mut self, size: u64) -> Result<(), DeviceError> {
+        let call = self.counters.allocs + self.counters.failed_allocs + 1;
+        let injected = if let Some(pos) = self.fail_calls.iter().position(|&c| c == call) {
+            self.fail_calls.swap_remove(pos);
+            true
+        } else {
+            self.fail_over.is_some_and(|over| size > over)
+        };
+        if injected || size == 0 || self.bytes_in_use + size > self.capacity {
+            self.counters.failed_allocs += 1;
+            return Err(DeviceError::OutOfMemory { requested: size });
+        }
+        self.bytes_in_use += size;
+        self.counters.allocs += 1;
+        Ok(())
+    }
+
+    /// The reserved range of `handle` at `address`, or a driver error naming it.
+    fn range_mut(
+        &mut self,
+        range: &DeviceSegment<u64>,
+    ) -> Result<&mut (u64, u64, BTreeMap<u64, u64>), DeviceError> {
+        match self.ranges.get_mut(&range.address) {
+            Some(r) if r.1 == range.handle => Ok(r),
+            _ => Err(DeviceError::Driver(format!(
+                "unknown address range at {:#x}",
+                range.address
+            ))),
+        }
+    }
 }
 
 /// A device that exists only in memory. `Handle` is the segment's id.
@@ -75,6 +118,7 @@ impl SimDevice {
                 next_address: BASE_ADDRESS,
                 next_handle: 1,
                 live: BTreeMap::new(),
+                ranges: BTreeMap::new(),
                 bytes_in_use: 0,
                 counters: SimCounters::default(),
                 fail_calls: Vec::new(),
@@ -133,7 +177,25 @@ impl SimDevice {
         state.live.iter().map(|(a, (s, _))| (*a, *s)).collect()
     }
 
-    /// Bytes in live segments.
+    /// Mapped page runs of reserved ranges as (address, size), by address.
+    pub fn mapped_runs(&self) -> Vec<(u64, u64)> {
+        let state = self.state.lock();
+        state
+            .ranges
+            .iter()
+            .flat_map(|(base, (_, _, mapped))| {
+                mapped.iter().map(move |(at, len)| (base + at, *len))
+            })
+            .collect()
+    }
+
+    /// Reserved address ranges as (address, size), by address.
+    pub fn reserved_ranges(&self) -> Vec<(u64, u64)> {
+        let state = self.state.lock();
+        state.ranges.iter().map(|(a, (s, _, _))| (*a, *s)).collect()
+    }
+
+    /// Bytes in live segments and mapped pages.
     pub fn bytes_in_use(&self) -> u64 {
         self.state.lock().bytes_in_use
     }
@@ -163,24 +225,12 @@ impl DeviceMemory for SimDevice {
                 max,
             });
         }
-        let call = state.counters.allocs + state.counters.failed_allocs + 1;
-        let injected = if let Some(pos) = state.fail_calls.iter().position(|&c| c == call) {
-            state.fail_calls.swap_remove(pos);
-            true
-        } else {
-            state.fail_over.is_some_and(|over| size > over)
-        };
-        if injected || size == 0 || state.bytes_in_use + size > state.capacity {
-            state.counters.failed_allocs += 1;
-            return Err(DeviceError::OutOfMemory { requested: size });
-        }
+        state.take_memory(size)?;
         let address = state.next_address;
         state.next_address = (address + size).next_multiple_of(ADDRESS_ALIGNMENT);
         let handle = state.next_handle;
         state.next_handle += 1;
         state.live.insert(address, (size, handle));
-        state.bytes_in_use += size;
-        state.counters.allocs += 1;
         Ok(DeviceSegment {
             address,
             size,
@@ -239,5 +289,110 @@ impl DeviceMemory for SimDevice {
 
     fn max_segment_size(&self) -> Option<u64> {
         self.state.lock().max_segment_size
+    }
+
+    fn virtual_memory_granularity(&self) -> Option<u64> {
+        Some(PAGE)
+    }
+
+    fn reserve_range(
+        &mut self,
+        size: u64,
+        _stream: StreamId,
+    ) -> Result<DeviceSegment<u64>, DeviceError> {
+        let mut state = self.state.lock();
+        let size = size.next_multiple_of(PAGE);
+        let address = state.next_address;
+        state.next_address = (address + size).next_multiple_of(ADDRESS_ALIGNMENT);
+        let handle = state.next_handle;
+        state.next_handle += 1;
+        state
+            .ranges
+            .insert(address, (size, handle, BTreeMap::new()));
+        state.counters.ranges_reserved += 1;
+        Ok(DeviceSegment {
+            address,
+            size,
+            handle,
+        })
+    }
+
+    fn map_range(
+        &mut self,
+        range: &DeviceSegment<u64>,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), DeviceError> {
+        let mut state = self.state.lock();
+        let (range_size, _, mapped) = state.range_mut(range)?;
+        let overlaps = mapped
+            .range(..offset + size)
+            .next_back()
+            .is_some_and(|(at, len)| at + len > offset);
+        if !offset.is_multiple_of(PAGE)
+            || !size.is_multiple_of(PAGE)
+            || offset + size > *range_size
+            || overlaps
+        {
+            return Err(DeviceError::Driver(format!(
+                "bad map of {size} bytes at offset {offset} of range {:#x}",
+                range.address
+            )));
+        }
+        state.take_memory(size)?;
+        state.range_mut(range)?.2.insert(offset, size);
+        Ok(())
+    }
+
+    fn unmap_range(
+        &mut self,
+        range: &DeviceSegment<u64>,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), DeviceError> {
+        let mut state = self.state.lock();
+        let mapped = &mut state.range_mut(range)?.2;
+        // Unmapping may cover several mapped runs, and parts of them, as CUDA allows.
+        let end = offset + size;
+        let runs: Vec<(u64, u64)> = mapped
+            .range(..end)
+            .filter(|(at, len)| *at + *len > offset)
+            .map(|(a, l)| (*a, *l))
+            .collect();
+        let covered: u64 = runs
+            .iter()
+            .map(|(at, len)| (at + len).min(end) - (*at).max(offset))
+            .sum();
+        if covered != size {
+            return Err(DeviceError::Driver(format!(
+                "unmap of {size} bytes at offset {offset} of range {:#x} covers unmapped pages",
+                range.address
+            )));
+        }
+        for (at, len) in runs {
+            mapped.remove(&at);
+            if at < offset {
+                mapped.insert(at, offset - at);
+            }
+            if at + len > end {
+                mapped.insert(end, at + len - end);
+            }
+        }
+        state.bytes_in_use -= size;
+        state.counters.frees += 1;
+        Ok(())
+    }
+
+    fn release_range(&mut self, range: DeviceSegment<u64>) -> Result<(), DeviceError> {
+        let mut state = self.state.lock();
+        if !state.range_mut(&range)?.2.is_empty() {
+            return Err(DeviceError::Driver(format!(
+                "release of range {:#x} with pages still mapped",
+                range.address
+            )));
+        }
+        state.ranges.remove(&range.address);
+        state.counters.ranges_released += 1;
+        Ok(())
     }
 }

@@ -38,16 +38,36 @@ pub fn check_invariants(alloc: &CachingAllocator<SimDevice>, device: &SimDevice)
     check_tiling(&snapshot);
     check_no_adjacent_free(&snapshot);
     check_stats_match_recount(&snapshot, stats);
-    let device_segments = device.live_segments();
-    let ours: Vec<(u64, u64)> = snapshot
-        .segments
-        .iter()
-        .map(|s| (s.address, s.total_size))
-        .collect();
+    let runs = |expandable: bool| -> Vec<(u64, u64)> {
+        snapshot
+            .segments
+            .iter()
+            .filter(|s| s.is_expandable == expandable)
+            .map(|s| (s.address, s.total_size))
+            .collect()
+    };
     assert_eq!(
-        ours, device_segments,
+        runs(false),
+        device.live_segments(),
         "device holds exactly the allocator's segments"
     );
+    assert_eq!(
+        runs(true),
+        coalesce(device.mapped_runs()),
+        "device maps exactly the allocator's expandable runs"
+    );
+}
+
+/// Adjacent (address, size) runs joined into one.
+pub fn coalesce(runs: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    let mut joined: Vec<(u64, u64)> = Vec::new();
+    for (address, size) in runs {
+        match joined.last_mut() {
+            Some((at, len)) if *at + *len == address => *len += size,
+            _ => joined.push((address, size)),
+        }
+    }
+    joined
 }
 
 fn check_tiling(snapshot: &Snapshot) {
@@ -76,6 +96,8 @@ fn check_tiling(snapshot: &Snapshot) {
             "blocks cover the segment"
         );
         let pool_ok = match segment.pool {
+            // An expandable run maps whole 2 MiB pages in the small pool.
+            PoolKind::Small if segment.is_expandable => segment.total_size % (2 * MIB) == 0,
             PoolKind::Small => segment.total_size == 2 * MIB,
             PoolKind::Large => segment.total_size > MIB,
         };
@@ -123,7 +145,12 @@ fn check_stats_match_recount(snapshot: &Snapshot, stats: &MemoryStats) {
         };
         let allocated = count(&|s, _| s == BlockState::ActiveAllocated);
         let active = count(&|s, _| s != BlockState::Inactive);
-        let inactive_split = count(&|s, split| s == BlockState::Inactive && split);
+        // Expandable runs count neither in `segment` nor in `inactive_split` (PyTorch's
+        // `map_block` and `free_block` leave them out).
+        let ordinary = || blocks().filter(|(s, _)| !s.is_expandable);
+        let inactive_split = ordinary()
+            .filter(|(s, b)| b.state == BlockState::Inactive && s.blocks.len() > 1)
+            .fold((0, 0), |(n, bytes), (_, b)| (n + 1, bytes + b.size));
         // Requested bytes drop when a free completes (PyTorch's `free_block`): pending
         // frees still count.
         let requested: u64 = blocks()
@@ -160,7 +187,7 @@ fn check_stats_match_recount(snapshot: &Snapshot, stats: &MemoryStats) {
         );
         assert_eq!(
             pick(&stats.segment),
-            segments.len() as u64,
+            segments.iter().filter(|s| !s.is_expandable).count() as u64,
             "segments {pool:?}"
         );
         assert_eq!(

@@ -93,7 +93,8 @@ fn rejects_malformed_unknown_and_out_of_range_values() {
         ("history_capacity:0", "zero capacity"),
         ("max_split_size_mb:128,max_split_size_mb:256", "duplicate"),
         ("max_splt_size_mb:128", "typo"),
-        ("expandable_segments:True", "unsupported mode"),
+        ("expandable_segments:maybe", "not True or False"),
+        ("release_lock_on_cudamalloc:True", "unsupported mode"),
     ];
     for (text, why) in cases {
         assert!(

@@ -6,6 +6,7 @@ mod common;
 mod config;
 mod drop;
 mod errors;
+mod expandable;
 mod layout;
 mod miss_path;
 mod parity;

@@ -20,6 +20,7 @@
 //! with `TooLarge`, counted as an out-of-memory as PyTorch counts it.
 
 mod events;
+mod expandable;
 mod placement;
 mod release;
 mod snapshot;
@@ -50,6 +51,10 @@ pub(crate) struct Engine<D: DeviceMemory> {
     pending: Vec<PendingFree<D::Event>>,
     /// Freed blocks with streams whose event failed to record: held until it records.
     needs_events: Vec<BlockId>,
+    /// Unmapped blocks of expandable segments, by (pool, stream, address).
+    unmapped: std::collections::BTreeMap<(PoolKind, u64, u64), BlockId>,
+    /// The device's virtual-memory page granularity, asked once (`None`: no virtual memory).
+    vm_granularity: Option<u64>,
     stats: MemoryStats,
     history: Option<TraceRing>,
     /// Large-pool cache searches while garbage collection is on: the clock that ages cached
@@ -92,7 +97,14 @@ impl<D: DeviceMemory> Engine<D> {
                 .map_or(-1, crate::alloc::stats::signed),
             ..MemoryStats::default()
         };
+        if config.expandable_segments && device.virtual_memory_granularity().is_none() {
+            log::warn!(
+                "expandable_segments is set but this device has no virtual memory: \
+                 the allocator uses ordinary segments"
+            );
+        }
         Self {
+            vm_granularity: device.virtual_memory_granularity(),
             max_segment: device.max_segment_size(),
             device,
             config,
@@ -104,6 +116,7 @@ impl<D: DeviceMemory> Engine<D> {
             large: FreeList::with_classes(SMALL_SIZE + MIN_BLOCK_SIZE, LARGE_CLASS_LIMIT),
             pending: Vec::new(),
             needs_events: Vec::new(),
+            unmapped: std::collections::BTreeMap::new(),
             stats,
             history,
             large_searches: 0,
@@ -283,16 +296,38 @@ impl<D: DeviceMemory> Engine<D> {
         if self.gc_enabled() {
             self.collect_garbage()?;
         }
-        let mut block = self.allocate_segment(new_segment, pool, stream)?;
+        let mut block = self.new_memory(new_segment, pool, stream, rounded)?;
         if block.is_none() && self.release_oversize_blocks(pool, stream, rounded)? {
-            block = self.allocate_segment(new_segment, pool, stream)?;
+            block = self.new_memory(new_segment, pool, stream, rounded)?;
         }
         if block.is_none() {
             self.release_cached_blocks()?;
             self.stats.num_alloc_retries += 1;
-            block = self.allocate_segment(new_segment, pool, stream)?;
+            block = self.new_memory(new_segment, pool, stream, rounded)?;
         }
         Ok(block)
+    }
+
+    /// A free, unlisted block of at least `rounded` bytes from new device memory: a segment of
+    /// `new_segment` bytes, or pages mapped into the stream's expandable segment. The memory
+    /// fraction is checked against `new_segment` either way (PyTorch's `alloc_block` checks
+    /// `alloc_size` before it maps).
+    fn new_memory(
+        &mut self,
+        new_segment: u64,
+        pool: PoolKind,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Result<Option<BlockId>, AllocError> {
+        if !self.expandable() {
+            return self.allocate_segment(new_segment, pool, stream);
+        }
+        if let Some(limit) = self.fraction_limit()
+            && self.stats.memory_reserved() + new_segment > limit
+        {
+            return Ok(None);
+        }
+        self.allocate_expandable(pool, stream, rounded)
     }
 
     /// The block of live allocation `id`, which was handed out as `block`; an error if that

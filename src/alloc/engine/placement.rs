@@ -27,7 +27,26 @@ impl<D: DeviceMemory> Engine<D> {
         stream: StreamId,
         rounded: u64,
     ) -> Option<BlockId> {
-        let (block_size, block) = self.free_list_ref(pool).best_fit(stream, rounded)?;
+        let list = self.free_list_ref(pool);
+        let (mut block_size, mut block) = list.best_fit(stream, rounded)?;
+        if self.expandable() {
+            // PyTorch's `get_free_block`: a block that could grow into unmapped space counts
+            // at the size it could grow to, so best fit takes another block that fits first.
+            while let Some((next_size, next)) =
+                list.next_after(stream, block_size, self.blocks.address(block))
+                && self.expandable_size(next) < self.expandable_size(block)
+            {
+                (block_size, block) = (next_size, next);
+            }
+        }
+        // The oversize rules keep large segments whole. Expandable blocks are always split
+        // and their pages given back, so the rules are left out for them: applied there (as
+        // PyTorch does), a request under `max_split_size` skips a large free block in the
+        // middle of the range and maps new pages at its end instead, and reserved memory
+        // grows without bound (pytorch/pytorch#123548).
+        if self.in_expandable_segment(block) {
+            return Some(block);
+        }
         let max_split = self.max_split();
         if rounded < max_split && block_size >= max_split {
             return None;
@@ -70,7 +89,7 @@ impl<D: DeviceMemory> Engine<D> {
 
     /// Puts a free block in its free list; its garbage-collection age starts at 0 (PyTorch's
     /// `insert_into_blocks`).
-    fn list(&mut self, block: BlockId) {
+    pub(super) fn list(&mut self, block: BlockId) {
         let (pool, stream, address) = (
             self.blocks.pool(block),
             self.blocks.stream(block),
@@ -88,6 +107,7 @@ impl<D: DeviceMemory> Engine<D> {
             PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
             // PyTorch's `should_split` compares the request, not the block: a request under
             // `max_split_size` splits even a block at or above it.
+            PoolKind::Large if self.expandable() => remaining >= MIN_BLOCK_SIZE,
             PoolKind::Large => rounded < self.max_split() && remaining > SMALL_SIZE,
         }
     }
@@ -95,7 +115,9 @@ impl<D: DeviceMemory> Engine<D> {
     /// (count, bytes) a block adds to `inactive_split`: free blocks of split segments.
     fn inactive_split_share(&self, block: BlockId) -> (i64, i64) {
         let b = &self.blocks.blocks[block];
-        if b.state == BlockState::Inactive && b.is_split() {
+        // Expandable segments are left out, as PyTorch leaves them out: their free pages can
+        // always be given back.
+        if b.state == BlockState::Inactive && b.is_split() && !self.in_expandable_segment(block) {
             (1, b.size as i64)
         } else {
             (0, 0)
@@ -134,6 +156,7 @@ impl<D: DeviceMemory> Engine<D> {
                 pending_events: 0,
                 allocation_id: 0,
                 gc_base: 0,
+                mapped: true,
             };
             let remainder = self.blocks.blocks.insert(remainder);
             if let Some(next) = self.blocks.blocks[block].next {
@@ -197,7 +220,8 @@ impl<D: DeviceMemory> Engine<D> {
             self.blocks.blocks[block].next,
         ];
         for neighbour in neighbours.into_iter().flatten() {
-            if self.blocks.blocks[neighbour].state == BlockState::Inactive {
+            let n = &self.blocks.blocks[neighbour];
+            if n.state == BlockState::Inactive && n.mapped {
                 let share = self.inactive_split_share(neighbour);
                 before = (before.0 + share.0, before.1 + share.1);
                 self.unlist(neighbour);
@@ -211,7 +235,7 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// Merges the free neighbour `other` into `block` and drops `other`.
-    fn absorb(&mut self, block: BlockId, other: BlockId) {
+    pub(super) fn absorb(&mut self, block: BlockId, other: BlockId) {
         let o = self.blocks.blocks.remove(other);
         let segment = o.segment;
         let b = &mut self.blocks.blocks[block];

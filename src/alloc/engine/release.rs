@@ -43,6 +43,7 @@ impl<D: DeviceMemory> Engine<D> {
             pool,
             handle: segment.handle,
             first: usize::MAX,
+            expandable: false,
         });
         let block = self.blocks.blocks.insert(Block {
             segment: segment_id,
@@ -56,6 +57,7 @@ impl<D: DeviceMemory> Engine<D> {
             pending_events: 0,
             allocation_id: 0,
             gc_base: 0,
+            mapped: true,
         });
         self.blocks.segments[segment_id].first = block;
         self.stats.segment.increase(pool, 1);
@@ -100,7 +102,7 @@ impl<D: DeviceMemory> Engine<D> {
     fn whole_free_segments(&self, pool: PoolKind) -> Vec<BlockId> {
         self.free_list_ref(pool)
             .iter()
-            .filter(|&b| !self.blocks.blocks[b].is_split())
+            .filter(|&b| !self.blocks.blocks[b].is_split() && !self.in_expandable_segment(b))
             .collect()
     }
 
@@ -152,6 +154,7 @@ impl<D: DeviceMemory> Engine<D> {
             for block in self.whole_free_segments(pool) {
                 released += self.release_segment(block)?;
             }
+            released += self.release_expandable(pool)?;
         }
         Ok(released)
     }

@@ -2,47 +2,38 @@
 //! configuration and the trace.
 
 use super::Engine;
-use crate::alloc::block::BlockState;
+use crate::alloc::block::{BlockState, Segment};
 use crate::alloc::snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
 use crate::device::DeviceMemory;
 
 impl<D: DeviceMemory> Engine<D> {
     pub fn snapshot(&self) -> Snapshot {
-        let mut segments: Vec<SegmentSnapshot> = self
-            .blocks
-            .segments
-            .iter()
-            .map(|(id, segment)| {
-                let blocks: Vec<BlockSnapshot> = self
-                    .blocks
-                    .segment_blocks(id)
-                    .map(|b| {
-                        let block = &self.blocks.blocks[b];
-                        BlockSnapshot {
-                            address: segment.address + block.offset,
-                            size: block.size,
-                            requested_size: block.requested,
-                            state: block.state,
-                            allocation_id: (block.state == BlockState::ActiveAllocated)
-                                .then_some(block.allocation_id),
-                        }
-                    })
-                    .collect();
-                let sum = |f: &dyn Fn(&BlockSnapshot) -> bool| -> u64 {
-                    blocks.iter().filter(|b| f(b)).map(|b| b.size).sum()
-                };
-                SegmentSnapshot {
-                    address: segment.address,
-                    total_size: segment.size,
-                    allocated_size: sum(&|b| b.state == BlockState::ActiveAllocated),
-                    active_size: sum(&|b| b.state != BlockState::Inactive),
-                    requested_size: blocks.iter().map(|b| b.requested_size).sum(),
-                    stream: segment.stream.0,
-                    pool: segment.pool,
-                    blocks,
+        let mut segments = Vec::new();
+        for (id, segment) in self.blocks.segments.iter() {
+            // An ordinary segment is one run; an expandable one has a run per mapped stretch
+            // (PyTorch's `snapshot` reports one segment per contiguous mapped range).
+            let mut run: Vec<BlockSnapshot> = Vec::new();
+            for b in self.blocks.segment_blocks(id) {
+                let block = &self.blocks.blocks[b];
+                if !block.mapped {
+                    if !run.is_empty() {
+                        segments.push(segment_snapshot(segment, std::mem::take(&mut run)));
+                    }
+                    continue;
                 }
-            })
-            .collect();
+                run.push(BlockSnapshot {
+                    address: segment.address + block.offset,
+                    size: block.size,
+                    requested_size: block.requested,
+                    state: block.state,
+                    allocation_id: (block.state == BlockState::ActiveAllocated)
+                        .then_some(block.allocation_id),
+                });
+            }
+            if !run.is_empty() {
+                segments.push(segment_snapshot(segment, run));
+            }
+        }
         segments.sort_by_key(|s| s.address);
         Snapshot {
             segments,
@@ -50,5 +41,23 @@ impl<D: DeviceMemory> Engine<D> {
             config: self.config.clone(),
             trace: self.history.as_ref().map(|h| h.to_trace()),
         }
+    }
+}
+
+/// One run of blocks of `segment` as a snapshot segment.
+fn segment_snapshot<H>(segment: &Segment<H>, blocks: Vec<BlockSnapshot>) -> SegmentSnapshot {
+    let sum = |f: &dyn Fn(&BlockSnapshot) -> bool| -> u64 {
+        blocks.iter().filter(|b| f(b)).map(|b| b.size).sum()
+    };
+    SegmentSnapshot {
+        address: blocks[0].address,
+        total_size: sum(&|_| true),
+        allocated_size: sum(&|b| b.state == BlockState::ActiveAllocated),
+        active_size: sum(&|b| b.state != BlockState::Inactive),
+        requested_size: blocks.iter().map(|b| b.requested_size).sum(),
+        stream: segment.stream.0,
+        pool: segment.pool,
+        is_expandable: segment.expandable,
+        blocks,
     }
 }

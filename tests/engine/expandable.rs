@@ -1,0 +1,222 @@
+//! Expandable segments (`expandable_segments:True`), with PyTorch's numbers: 20 MiB pages in
+//! the large pool, 2 MiB in the small one, one range of 9/8 of the device per stream and pool
+//! (`find_expandable_block`, `map_block`, `unmap_block`, `get_free_block`'s
+//! `expandable_size`, `release_blocks` in `CUDACachingAllocator.cpp`).
+
+use burn_caching_alloc::alloc::TraceEvent;
+
+use crate::common::*;
+
+const ES: &str = "expandable_segments:True,record_history:true";
+
+fn maps_and_unmaps(alloc: &burn_caching_alloc::alloc::CachingAllocator<SimDev>) -> Vec<String> {
+    alloc
+        .trace()
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::SegmentMap { size, .. } => Some(format!("map {}", size / MIB)),
+            TraceEvent::SegmentUnmap { size, .. } => Some(format!("unmap {}", size / MIB)),
+            TraceEvent::SegmentAlloc { .. } | TraceEvent::SegmentFree { .. } => {
+                Some("segment".into())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+type SimDev = burn_caching_alloc::device::sim::SimDevice;
+
+/// Map, grow into the free tail, best fit away from the tail, and release.
+#[test]
+fn the_range_grows_by_pages_and_the_free_tail_joins_the_new_pages() {
+    let (alloc, device) = allocator(1024 * MIB, ES);
+    let a = alloc.malloc(30 * MIB, S0).unwrap();
+    // One range of 9/8 of the device (1152 MiB, rounded to 20 MiB pages: 1160 MiB); two
+    // pages mapped, the 10 MiB past the request split off (remainders >= 512 B split).
+    let base = a.address();
+    assert_eq!(device.reserved_ranges(), vec![(base, 1160 * MIB)]);
+    assert_eq!(layout(&alloc), vec![vec![(30 * MIB, A), (10 * MIB, F)]]);
+    let s = alloc.stats();
+    assert_eq!(s.memory_reserved(), 40 * MIB);
+    assert_eq!((s.num_device_alloc, s.segment.all.current), (1, 0));
+    assert_eq!(
+        s.inactive_split.all.current, 0,
+        "expandable blocks are left out"
+    );
+    check_invariants(&alloc, &device);
+
+    // 25 MiB: the free 10 MiB tail and one new page make one 30 MiB block.
+    let b = alloc.malloc(25 * MIB, S0).unwrap();
+    assert_eq!(b.address(), base + 30 * MIB);
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![(30 * MIB, A), (25 * MIB, A), (5 * MIB, F)]]
+    );
+    assert_eq!(alloc.stats().memory_reserved(), 60 * MIB);
+    assert_eq!(
+        device.mapped_runs(),
+        vec![(base, 40 * MIB), (base + 40 * MIB, 20 * MIB)]
+    );
+    check_invariants(&alloc, &device);
+
+    // 4 MiB: best fit by size is the 5 MiB tail, but it could grow into the unmapped range;
+    // the freed 30 MiB block, which cannot, is taken instead.
+    alloc.free(a).unwrap();
+    let c = alloc.malloc(4 * MIB, S0).unwrap();
+    assert_eq!(c.address(), base);
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![
+            (4 * MIB, A),
+            (26 * MIB, F),
+            (25 * MIB, A),
+            (5 * MIB, F)
+        ]]
+    );
+    // No whole page is free: nothing to unmap.
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().memory_reserved(), 60 * MIB);
+    check_invariants(&alloc, &device);
+
+    alloc.free(b).unwrap();
+    alloc.free(c).unwrap();
+    alloc.empty_cache().unwrap();
+    let s = alloc.stats();
+    assert_eq!(s.memory_reserved(), 0);
+    assert_eq!((s.num_device_alloc, s.num_device_free), (2, 1));
+    assert!(
+        device.reserved_ranges().is_empty(),
+        "the empty range is given back"
+    );
+    assert!(alloc.snapshot().segments.is_empty());
+    assert_eq!(maps_and_unmaps(&alloc), ["map 40", "map 20", "unmap 60"]);
+}
+
+/// `release_blocks` / `unmap_block`: only whole pages inside free blocks go back; partial
+/// pages stay mapped as free blocks; the next miss maps the lowest hole first.
+#[test]
+fn release_unmaps_whole_free_pages_and_a_miss_fills_the_lowest_hole() {
+    let (alloc, device) = allocator(1024 * MIB, ES);
+    let x = alloc.malloc(30 * MIB, S0).unwrap(); // maps [0, 40)
+    let y = alloc.malloc(15 * MIB, S0).unwrap(); // maps [40, 60)
+    let z = alloc.malloc(18 * MIB, S0).unwrap(); // maps [60, 80)
+    let base = x.address();
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![
+            (30 * MIB, A),
+            (15 * MIB, A),
+            (18 * MIB, A),
+            (17 * MIB, F)
+        ]]
+    );
+    alloc.free(x).unwrap();
+    alloc.free(z).unwrap();
+    alloc.empty_cache().unwrap();
+    // [0, 20) and [60, 80) were whole free pages; [20, 30) and [45, 60) stay.
+    let snapshot = alloc.snapshot();
+    assert_eq!(snapshot.segments.len(), 1);
+    assert_eq!(snapshot.segments[0].address, base + 20 * MIB);
+    assert!(snapshot.segments[0].is_expandable);
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![(10 * MIB, F), (15 * MIB, A), (15 * MIB, F)]]
+    );
+    let s = alloc.stats();
+    assert_eq!(s.memory_reserved(), 40 * MIB);
+    assert_eq!(s.num_device_free, 2);
+    check_invariants(&alloc, &device);
+
+    // 25 MiB fits no free block; the lowest hole [0, 20) and the free [20, 30) make room.
+    let w = alloc.malloc(25 * MIB, S0).unwrap();
+    assert_eq!(w.address(), base);
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![
+            (25 * MIB, A),
+            (5 * MIB, F),
+            (15 * MIB, A),
+            (15 * MIB, F)
+        ]]
+    );
+    assert_eq!(alloc.stats().memory_reserved(), 60 * MIB);
+    check_invariants(&alloc, &device);
+    alloc.free(w).unwrap();
+    alloc.free(y).unwrap();
+    alloc.empty_cache().unwrap();
+    assert!(device.reserved_ranges().is_empty());
+    assert_eq!(device.bytes_in_use(), 0);
+}
+
+/// Small requests map 2 MiB pages of their own range.
+#[test]
+fn the_small_pool_maps_2_mib_pages() {
+    let (alloc, device) = allocator(1024 * MIB, ES);
+    let a = alloc.malloc(4096, S0).unwrap();
+    let b = alloc.malloc(3 * MIB, S0).unwrap();
+    assert_eq!(device.reserved_ranges().len(), 2, "one range per pool");
+    assert_eq!(
+        layout(&alloc),
+        vec![
+            vec![(4096, A), (2 * MIB - 4096, F)],
+            vec![(3 * MIB, A), (17 * MIB, F)]
+        ]
+    );
+    alloc.free(a).unwrap();
+    alloc.free(b).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// The last retry before an out-of-memory unmaps the free pages of other streams' ranges.
+#[test]
+fn a_failed_map_unmaps_cached_pages_and_retries() {
+    let (alloc, device) = allocator(100 * MIB, ES);
+    let a = alloc.malloc(60 * MIB, S0).unwrap();
+    alloc.free(a).unwrap();
+    let b = alloc.malloc(50 * MIB, S1).unwrap(); // 60 MiB of pages: only after the unmap
+    let s = alloc.stats();
+    assert_eq!(
+        (s.num_alloc_retries, s.num_device_free, s.memory_reserved()),
+        (1, 1, 60 * MIB)
+    );
+    assert_eq!(device.counters().failed_allocs, 1);
+    assert_eq!(maps_and_unmaps(&alloc), ["map 60", "unmap 60", "map 60"]);
+    check_invariants(&alloc, &device);
+    alloc.free(b).unwrap();
+    // An injected map failure takes the same path.
+    device.fail_nth_allocation(1);
+    let c = alloc.malloc(90 * MIB, S1).unwrap();
+    assert_eq!(alloc.stats().num_alloc_retries, 2);
+    alloc.free(c).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// Garbage collection never unmaps (pytorch/pytorch PR 134338), and with `max_split_size`
+/// a small request still takes a large free expandable block instead of mapping more
+/// (the unbounded growth of pytorch/pytorch#123548).
+#[test]
+fn garbage_collection_and_max_split_size_leave_expandable_pages_alone() {
+    let (alloc, device) = allocator(
+        1000 * MIB,
+        "expandable_segments:True,garbage_collection_threshold:0.1,\
+         per_process_memory_fraction:0.5,max_split_size_mb:20",
+    );
+    let a = alloc.malloc(100 * MIB, S0).unwrap();
+    let keep = alloc.malloc(30 * MIB, S0).unwrap();
+    let a_at = a.address();
+    alloc.free(a).unwrap();
+    assert_eq!(alloc.stats().memory_reserved(), 140 * MIB);
+    // A miss far over the 50 MiB threshold: no collection of expandable pages.
+    let b = alloc.malloc(300 * MIB, S0).unwrap();
+    assert_eq!(alloc.stats().num_device_free, 0);
+    // A 10 MiB request takes the free 100 MiB block (>= max_split_size) and splits it.
+    let c = alloc.malloc(10 * MIB, S0).unwrap();
+    assert_eq!(c.address(), a_at);
+    let reserved = alloc.stats().memory_reserved();
+    assert_eq!(reserved, 440 * MIB, "no page mapped for it");
+    for x in [b, c, keep] {
+        alloc.free(x).unwrap();
+    }
+    check_invariants(&alloc, &device);
+}
