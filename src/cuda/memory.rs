@@ -14,6 +14,7 @@ use super::error::{device_error, driver_call, guarded};
 use super::events::{EventPool, PooledEvent};
 use super::probe::open_context;
 use super::streams::CudaStreams;
+use super::virtual_memory::VirtualRanges;
 use crate::device::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo, StreamId};
 
 /// Events created when the device is opened, so that recording one normally creates none.
@@ -26,6 +27,8 @@ pub struct CudaMemory {
     streams: Arc<CudaStreams>,
     events: Arc<EventPool>,
     total_memory: u64,
+    /// Address ranges and pages of expandable segments.
+    virtual_ranges: VirtualRanges,
 }
 
 impl CudaMemory {
@@ -44,7 +47,9 @@ impl CudaMemory {
         driver_call("cuCtxSetCurrent", || context.bind_to_thread())?;
         let (_, total) = driver_call("cuMemGetInfo", result::mem_get_info)?;
         let events = EventPool::new(context.clone(), PREWARMED_EVENTS)?;
+        let virtual_ranges = VirtualRanges::new(&context);
         Ok(Self {
+            virtual_ranges,
             context,
             streams,
             events,
@@ -137,5 +142,52 @@ impl DeviceMemory for CudaMemory {
     fn release_event(&mut self, event: Self::Event) {
         // Dropping a pooled event puts it back in the pool.
         drop(event);
+    }
+
+    fn virtual_memory_granularity(&self) -> Option<u64> {
+        self.virtual_ranges.granularity()
+    }
+
+    fn reserve_range(
+        &mut self,
+        size: u64,
+        _stream: StreamId,
+    ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
+        self.bind()?;
+        let base = self.virtual_ranges.reserve(size)?;
+        Ok(DeviceSegment {
+            address: base,
+            size,
+            handle: base,
+        })
+    }
+
+    fn map_range(
+        &mut self,
+        range: &DeviceSegment<Self::Handle>,
+        offset: u64,
+        size: u64,
+        page: u64,
+    ) -> Result<(), DeviceError> {
+        self.bind()?;
+        self.virtual_ranges.map(range.handle, offset, size, page)
+    }
+
+    fn unmap_range(
+        &mut self,
+        range: &DeviceSegment<Self::Handle>,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), DeviceError> {
+        self.bind()?;
+        // cuMemUnmap does not wait for kernels still reading the pages (PyTorch synchronises
+        // the stream first): wait for the device, as `free` does.
+        driver_call("cuCtxSynchronize", || self.context.synchronize())?;
+        self.virtual_ranges.unmap(range.handle, offset, size)
+    }
+
+    fn release_range(&mut self, range: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
+        self.bind()?;
+        self.virtual_ranges.release(range.handle)
     }
 }

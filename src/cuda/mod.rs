@@ -29,6 +29,7 @@ mod properties;
 mod runtime;
 mod staging;
 mod streams;
+mod virtual_memory;
 
 pub use driver::CudaDriver;
 pub use memory::CudaMemory;

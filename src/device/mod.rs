@@ -118,20 +118,23 @@ pub trait DeviceMemory: Send + 'static {
         Err(DeviceError::Unsupported("virtual memory"))
     }
 
-    /// Backs `[offset, offset + size)` of a reserved range with physical pages (offset and
-    /// size multiples of the granularity); `OutOfMemory` when the device has no pages left.
+    /// Backs `[offset, offset + size)` of a reserved range with physical pages of `page`
+    /// bytes each (offset and size multiples of `page`, `page` a multiple of the
+    /// granularity), so that any of them can be unmapped alone later; `OutOfMemory` (with
+    /// nothing mapped) when the device has no pages left.
     fn map_range(
         &mut self,
         range: &DeviceSegment<Self::Handle>,
         offset: u64,
         size: u64,
+        page: u64,
     ) -> Result<(), DeviceError> {
-        let _ = (range, offset, size);
+        let _ = (range, offset, size, page);
         Err(DeviceError::Unsupported("virtual memory"))
     }
 
-    /// Returns the pages behind `[offset, offset + size)` of a reserved range to the device,
-    /// once the work queued on the range's stream has finished with them.
+    /// Returns the pages behind `[offset, offset + size)` of a reserved range (whole pages as
+    /// mapped) to the device, once the work queued on the device has finished with them.
     fn unmap_range(
         &mut self,
         range: &DeviceSegment<Self::Handle>,

@@ -322,6 +322,7 @@ impl DeviceMemory for SimDevice {
         range: &DeviceSegment<u64>,
         offset: u64,
         size: u64,
+        page: u64,
     ) -> Result<(), DeviceError> {
         let mut state = self.state.lock();
         let (range_size, _, mapped) = state.range_mut(range)?;
@@ -329,8 +330,9 @@ impl DeviceMemory for SimDevice {
             .range(..offset + size)
             .next_back()
             .is_some_and(|(at, len)| at + len > offset);
-        if !offset.is_multiple_of(PAGE)
-            || !size.is_multiple_of(PAGE)
+        if !page.is_multiple_of(PAGE)
+            || !offset.is_multiple_of(page)
+            || !size.is_multiple_of(page)
             || offset + size > *range_size
             || overlaps
         {

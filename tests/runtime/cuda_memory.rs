@@ -110,3 +110,39 @@ fn empty_cache_returns_segments_to_the_driver() {
     // Other processes may allocate meanwhile; this process gave back all it took.
     println!("device free: {free_before} B before, {free_after} B after");
 }
+
+/// Expandable segments on a real device: pages mapped into one range hold data, the range
+/// grows, and `empty_cache` unmaps the pages and gives the range back.
+#[test]
+fn expandable_segments_map_pages_that_hold_data_and_give_them_back() {
+    let Some(memory) = device() else { return };
+    if memory.virtual_memory_granularity().is_none() {
+        eprintln!("skipping: this CUDA device has no virtual memory management");
+        return;
+    }
+    let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let alloc = CachingAllocator::new(memory, config);
+    let a = alloc.malloc(30 * MIB, StreamId(0)).expect("30 MiB");
+    let b = alloc.malloc(25 * MIB, StreamId(0)).expect("25 MiB");
+    assert_eq!(
+        b.address(),
+        a.address() + 30 * MIB,
+        "one range, grown in place"
+    );
+    assert_eq!(alloc.stats().memory_reserved(), 60 * MIB);
+    // The pages of both blocks, across the two mappings, hold data.
+    let data: Vec<u8> = (0..55 * MIB).map(|i| (i % 253) as u8).collect();
+    let mut back = vec![0u8; data.len()];
+    // SAFETY: a's and b's blocks are contiguous and mapped: 55 MiB from a's address.
+    unsafe {
+        result::memcpy_htod_sync(a.address(), &data).expect("upload");
+        result::memcpy_dtoh_sync(&mut back, a.address()).expect("download");
+    }
+    assert!(back == data, "the mapped pages return what was written");
+    alloc.free(a).unwrap();
+    alloc.free(b).unwrap();
+    alloc.empty_cache().unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.memory_reserved(), 0);
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (2, 1));
+}

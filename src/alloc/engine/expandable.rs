@@ -132,14 +132,18 @@ impl<D: DeviceMemory> Engine<D> {
             debug_assert!(!b.mapped);
             (b.offset, b.size)
         };
-        let len = size.next_multiple_of(self.page_size(pool)).min(block_size);
+        let page = self.page_size(pool);
+        let len = size.next_multiple_of(page).min(block_size);
         // Whole pages may overshoot what `new_memory` checked: the fraction holds for them too.
         if let Some(limit) = self.fraction_limit()
             && self.stats.memory_reserved() + len > limit
         {
             return Ok(None);
         }
-        match self.device.map_range(&self.range_of(to_map), offset, len) {
+        match self
+            .device
+            .map_range(&self.range_of(to_map), offset, len, page)
+        {
             Ok(()) => {}
             Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),

@@ -48,8 +48,10 @@ use parking_lot::Mutex;
 
 use super::driver::{Driver, Launch, LaunchCount, Resource};
 use super::env::config_from_env;
+use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
-use crate::alloc::{AllocatorConfig, CachingAllocator};
+use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError};
+use crate::device::DeviceMemory;
 use kernels::KernelCache;
 use ordering::{note_producer, order_after};
 use streams::Streams;
@@ -186,8 +188,23 @@ impl<D: Driver> DeviceService for CachingServer<D> {
         // be opened, or a configuration that does not parse, stops here with the reason.
         let config = config_from_env()
             .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"));
-        let driver = D::open(device_id)
+        let mut driver = D::open(device_id)
             .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"));
+        // Expandable segments map pages into a reserved address range: a device without
+        // virtual memory (wgpu) cannot, and a configuration asking for them is refused here
+        // rather than silently served with ordinary segments.
+        if config.expandable_segments && driver.memory().virtual_memory_granularity().is_none() {
+            let err = DriverError::Config {
+                var: crate::alloc::CONFIG_ENV,
+                source: ConfigError::Unsupported {
+                    key: "expandable_segments".into(),
+                    reason: "this device has no virtual memory (wgpu cannot map pages into a \
+                             reserved address range); use the CUDA backend or leave it off"
+                        .into(),
+                },
+            };
+            panic!("caching allocator: cannot open {device_id}: {err}");
+        }
         Self::new(driver, device_id, config)
     }
 
