@@ -192,6 +192,57 @@ impl<D: DeviceMemory> DeviceMemory for Metered<D> {
     fn max_segment_size(&self) -> Option<u64> {
         self.device.max_segment_size()
     }
+
+    fn virtual_memory_granularity(&self) -> Option<u64> {
+        self.device.virtual_memory_granularity()
+    }
+
+    fn reserve_range(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
+        self.device.reserve_range(size, stream)
+    }
+
+    /// Counted as an allocation of the mapped bytes (a refused map as a failed one).
+    fn map_range(
+        &mut self,
+        range: &DeviceSegment<Self::Handle>,
+        offset: u64,
+        size: u64,
+        page: u64,
+    ) -> Result<(), DeviceError> {
+        match self.device.map_range(range, offset, size, page) {
+            Ok(()) => {
+                self.meter.allocated(size);
+                Ok(())
+            }
+            Err(err) => {
+                self.meter
+                    .counters
+                    .failed_allocs
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(err)
+            }
+        }
+    }
+
+    /// Counted as a free of the unmapped bytes.
+    fn unmap_range(
+        &mut self,
+        range: &DeviceSegment<Self::Handle>,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), DeviceError> {
+        self.device.unmap_range(range, offset, size)?;
+        self.meter.freed(size);
+        Ok(())
+    }
+
+    fn release_range(&mut self, range: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
+        self.device.release_range(range)
+    }
 }
 
 #[cfg(test)]
@@ -250,6 +301,36 @@ mod tests {
         assert_eq!(reading.bytes_in_use, sim.bytes_in_use());
         assert_eq!(reading.bytes_in_use, 0);
         assert_eq!(reading.peak_bytes, 4 << 20);
+    }
+
+    #[test]
+    fn virtual_memory_passes_through_and_maps_count_as_allocations() {
+        let sim = SimDevice::new(64 << 20);
+        let mut device = Metered::new(sim.clone());
+        let meter = device.meter();
+        assert_eq!(device.virtual_memory_granularity(), Some(2 << 20));
+        let range = device.reserve_range(128 << 20, S).expect("address space");
+        device
+            .map_range(&range, 0, 40 << 20, 20 << 20)
+            .expect("fits");
+        let too_much = device.map_range(&range, 40 << 20, 40 << 20, 20 << 20);
+        assert!(matches!(too_much, Err(DeviceError::OutOfMemory { .. })));
+        device.unmap_range(&range, 0, 20 << 20).expect("mapped");
+        let reading = meter.reading();
+        assert_eq!(
+            (reading.allocs, reading.frees, reading.failed_allocs),
+            (1, 1, 1)
+        );
+        assert_eq!(
+            (reading.bytes_in_use, reading.peak_bytes),
+            (20 << 20, 40 << 20)
+        );
+        assert_eq!(reading.bytes_in_use, sim.bytes_in_use());
+        device
+            .unmap_range(&range, 20 << 20, 20 << 20)
+            .expect("mapped");
+        device.release_range(range).expect("nothing mapped");
+        assert!(sim.reserved_ranges().is_empty());
     }
 
     #[test]
