@@ -26,6 +26,29 @@ pub struct CudaMemory {
     streams: Arc<CudaStreams>,
     events: Arc<EventPool>,
     total_memory: u64,
+    release: ReleaseSync,
+}
+
+/// When freeing a segment must synchronise the context first: only when work was issued
+/// since the last synchronisation. A release batch (`empty_cache`, the out-of-memory retry,
+/// garbage collection) frees its segments with no work issued in between, so it synchronises
+/// once, not once per segment.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ReleaseSync {
+    /// The work counter read just before the last synchronisation.
+    synced_at: Option<u64>,
+}
+
+impl ReleaseSync {
+    /// Whether work issued up to counter `work` may still be running.
+    pub(crate) fn needs_sync(&self, work: u64) -> bool {
+        self.synced_at != Some(work)
+    }
+
+    /// The context was synchronised after the counter read `work`.
+    pub(crate) fn synced(&mut self, work: u64) {
+        self.synced_at = Some(work);
+    }
 }
 
 impl CudaMemory {
@@ -49,6 +72,7 @@ impl CudaMemory {
             streams,
             events,
             total_memory: total as u64,
+            release: ReleaseSync::default(),
         })
     }
 
@@ -103,9 +127,17 @@ impl DeviceMemory for CudaMemory {
     fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
         self.bind()?;
         // Blocks are freed when their last handle drops, possibly while a kernel issued before
-        // still reads them; segments are freed rarely (empty_cache, the out-of-memory path), so
-        // wait for the device explicitly rather than rely on cuMemFree's implicit sync.
-        driver_call("cuCtxSynchronize", || self.context.synchronize())?;
+        // still reads them; so wait for the device explicitly rather than rely on cuMemFree's
+        // implicit sync, once per release batch: the counter is read before the
+        // synchronisation, so work issued during it makes the next free synchronise again.
+        // Memory used on its own (no driver counting work) synchronises every time.
+        let work = self.streams.work_issued();
+        if work.is_none_or(|work| self.release.needs_sync(work)) {
+            driver_call("cuCtxSynchronize", || self.context.synchronize())?;
+            if let Some(work) = work {
+                self.release.synced(work);
+            }
+        }
         // SAFETY: the engine frees each segment it allocated exactly once, after every block in
         // it was freed, and no work is pending on the device.
         driver_call("cuMemFree", || unsafe { result::free_sync(segment.handle) })
@@ -137,5 +169,23 @@ impl DeviceMemory for CudaMemory {
     fn release_event(&mut self, event: Self::Event) {
         // Dropping a pooled event puts it back in the pool.
         drop(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReleaseSync;
+
+    #[test]
+    fn a_release_batch_synchronises_once_and_new_work_makes_it_sync_again() {
+        let mut release = ReleaseSync::default();
+        // Never synchronised: the first free waits.
+        assert!(release.needs_sync(0));
+        release.synced(7);
+        // More segments of the same batch: no work issued since.
+        assert!(!release.needs_sync(7));
+        assert!(!release.needs_sync(7));
+        // A launch or a copy since: the next free waits again.
+        assert!(release.needs_sync(8));
     }
 }
