@@ -58,7 +58,7 @@ use super::env::config_from_env;
 use super::registry::{self, DeviceEntry};
 use crate::alloc::{AllocatorConfig, CachingAllocator};
 use kernels::KernelCache;
-use ordering::{BufferUse, order_after};
+use ordering::{BufferUse, note_rewrites, order_after};
 use streams::Streams;
 
 /// A CubeCL compute server over driver `D`, allocating through the caching engine.
@@ -438,6 +438,7 @@ impl<D: Driver> CachingServer<D> {
         }
         checks::write_fits(data.len(), resource.size)?;
         self.order_after(stream_id, &[used])?;
+        note_rewrites(&mut self.streams, stream_id, &[used]);
         self.advance(stream_id);
         let (driver, driver_stream) = self.split(stream_id);
         driver.write(driver_stream, &resource, data)
@@ -490,6 +491,8 @@ impl<D: Driver> CachingServer<D> {
             return Ok(());
         }
         self.order_after(stream_id, &uses)?;
+        // Any buffer of a launch may be written (CubeCL does not say which).
+        note_rewrites(&mut self.streams, stream_id, &uses);
 
         let info = metadata::split(
             self.metadata_layout,

@@ -9,9 +9,15 @@
 //! and waits for it, and notes the producer's current cursor. So a consumer that reads a
 //! producer's parameters on every launch waits once, not once per launch and buffer.
 //!
-//! As in CubeCL, a buffer's cursor is where it was created: the work that fills a new buffer
-//! is issued by its stream right after it (Burn's tensors are written by the operation that
-//! creates them), before the buffer can reach another stream.
+//! A buffer's cursor is where it was created (CubeCL's rule), and one more rule closes the gap
+//! that leaves: when a stream issues work on one of its own buffers that other streams may
+//! already count as synced (an in-place update of a batch a loader thread made, after the
+//! training thread synced for the previous one), those streams' sync points for it are lowered
+//! below the buffer, so their next use waits for the new work. Single-stream work pays
+//! nothing: there is no other stream to look at.
+//!
+//! Not covered, as in CubeCL: a stream writing in place into another stream's buffer, which
+//! that stream then uses without a wait (buffers are ordered by the stream that created them).
 
 use std::collections::HashMap;
 
@@ -46,6 +52,44 @@ impl SyncPoints {
     pub(super) fn synced(&mut self, producer: usize, cursor: u64) {
         let entry = self.last.entry(producer).or_insert(cursor);
         *entry = (*entry).max(cursor);
+    }
+
+    /// `producer` issued new work on a buffer bound at `cursor`: a sync point at or past it no
+    /// longer covers that buffer, so it moves just below.
+    pub(super) fn rewritten(&mut self, producer: usize, cursor: u64) {
+        if let Some(synced) = self.last.get_mut(&producer)
+            && *synced >= cursor
+        {
+            match cursor.checked_sub(1) {
+                Some(below) => *synced = below,
+                None => {
+                    self.last.remove(&producer);
+                }
+            }
+        }
+    }
+}
+
+/// Work on `stream` about to use `uses`: the stream's own buffers among them may be rewritten,
+/// so every other stream's sync point with it is lowered below the oldest of them.
+pub(super) fn note_rewrites<D: Driver>(
+    streams: &mut Streams<D>,
+    stream: CubeStreamId,
+    uses: &[BufferUse],
+) {
+    if streams.len() < 2 {
+        return;
+    }
+    let slot = streams.slot(stream);
+    let oldest = uses
+        .iter()
+        .filter(|buffer| streams.slot(buffer.stream) == slot)
+        .map(|buffer| buffer.cursor)
+        .min();
+    if let Some(oldest) = oldest {
+        for other in streams.others(stream) {
+            other.synced.rewritten(slot, oldest);
+        }
     }
 }
 
@@ -105,8 +149,18 @@ mod tests {
         assert!(points.needs_wait(1, 11));
         // Other producers are tracked apart.
         assert!(points.needs_wait(2, 0));
-        // A sync point never moves back.
+        // A sync point never moves back by syncing.
         points.synced(1, 4);
         assert!(!points.needs_wait(1, 10));
+        // Slot 1 issues work on its buffer of cursor 6: that buffer and newer ones need a
+        // wait again, older ones do not.
+        points.rewritten(1, 6);
+        assert!(points.needs_wait(1, 6));
+        assert!(!points.needs_wait(1, 5));
+        // Work on a buffer newer than the sync point changes nothing.
+        points.rewritten(1, 9);
+        assert!(!points.needs_wait(1, 5));
+        points.rewritten(1, 0);
+        assert!(points.needs_wait(1, 0));
     }
 }

@@ -427,6 +427,31 @@ fn cross_stream_waits_happen_once_per_newer_buffer_not_once_per_use() {
 }
 
 #[test]
+fn a_buffer_its_stream_rewrites_after_a_sync_is_waited_for_again() {
+    let mut h = harness(MetadataLayout::DriverBinding, 8);
+    let info = || MetadataBindingInfo::new(Vec::new(), 0);
+    // A loader stream (1) makes two batches; the training stream (2) syncs while using the
+    // first, after the second was already created.
+    let first = h.buffer(4096, stream(1));
+    let second = h.buffer(4096, stream(1));
+    let out = h.buffer(4096, stream(2));
+    h.launch(&[&first, &out], info(), stream(2));
+    assert_eq!(h.waits(), 1);
+    // The loader works on a fresh buffer only: the second batch is still covered.
+    let scratch = h.buffer(4096, stream(1));
+    h.launch(&[&scratch], info(), stream(1));
+    h.launch(&[&second, &out], info(), stream(2));
+    assert_eq!(h.waits(), 1);
+    // The loader updates the second batch in place: the trainer must wait for that.
+    h.launch(&[&second], info(), stream(1));
+    h.launch(&[&second, &out], info(), stream(2));
+    assert_eq!(h.waits(), 2);
+    // Once waited for, further uses are free again.
+    h.launch(&[&second, &out], info(), stream(2));
+    assert_eq!(h.waits(), 2);
+}
+
+#[test]
 fn tensor_maps_are_refused_with_a_launch_error() {
     // A launch that carries tensor maps is checked first in `launch_one`; building a real
     // `TensorMapMeta` needs a TMA-capable planner, so the check itself is what is tested here.
