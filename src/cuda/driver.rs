@@ -147,6 +147,32 @@ fn device_pointer(resource: &Resource<CudaDriver>) -> sys::CUdeviceptr {
     resource.segment + resource.offset
 }
 
+/// The pointer parameters of a launch, as cubecl-cpp compiles the kernel's signature: the
+/// buffers in binding order, then the metadata buffer when there is one (all the info before
+/// sm_70, the dynamic metadata from sm_70).
+fn pointer_arguments(
+    buffers: &[Resource<CudaDriver>],
+    metadata: Option<&Resource<CudaDriver>>,
+) -> Vec<sys::CUdeviceptr> {
+    let mut arguments: Vec<sys::CUdeviceptr> = buffers.iter().map(device_pointer).collect();
+    arguments.extend(metadata.map(device_pointer));
+    arguments
+}
+
+/// `cuLaunchKernel`'s parameter array: a pointer to each pointer argument, then the info struct
+/// by value (`__grid_constant__`) when the kernel has one, which is exactly when the inline
+/// info (scalars and static metadata) is not empty.
+fn kernel_params(arguments: &mut [sys::CUdeviceptr], info: &[u64]) -> Vec<*mut c_void> {
+    let mut params: Vec<*mut c_void> = arguments
+        .iter_mut()
+        .map(|argument| argument as *mut sys::CUdeviceptr as *mut c_void)
+        .collect();
+    if !info.is_empty() {
+        params.push(info.as_ptr() as *mut c_void);
+    }
+    params
+}
+
 impl Driver for CudaDriver {
     type Memory = CudaMemory;
     type Compiler = CudaCppCompiler;
@@ -263,22 +289,10 @@ impl Driver for CudaDriver {
             return Ok(());
         }
 
-        // Parameters as cubecl-cpp compiles them: the buffers, then the metadata buffer when
-        // there is one (all the info before sm_70, the dynamic metadata from sm_70), then the
-        // info struct by value (`__grid_constant__`, when the kernel has scalars or static
-        // metadata: exactly when the inline info is not empty).
-        let mut arguments: Vec<sys::CUdeviceptr> =
-            launch.buffers.iter().map(device_pointer).collect();
-        arguments.extend(launch.metadata.as_ref().map(device_pointer));
-        // The driver copies each argument when the launch is issued.
-        let mut params: Vec<*mut c_void> = arguments
-            .iter_mut()
-            .map(|argument| argument as *mut sys::CUdeviceptr as *mut c_void)
-            .collect();
-        if !launch.info.is_empty() {
-            // The struct's bytes are read (copied) by cuLaunchKernel, before it returns.
-            params.push(launch.info.as_ptr() as *mut c_void);
-        }
+        let mut arguments = pointer_arguments(&launch.buffers, launch.metadata.as_ref());
+        // cuLaunchKernel copies every parameter (the info struct's bytes included) before it
+        // returns.
+        let mut params = kernel_params(&mut arguments, launch.info);
         let kernel = launch.kernel;
         let cube_dim = kernel.cube_dim();
         // SAFETY: a loaded function of this context, arguments matching its signature (buffers
@@ -457,5 +471,42 @@ impl Driver for CudaDriver {
     ) -> Result<(), ServerError> {
         // SAFETY: a live stream of this context.
         unsafe { event.wait_on(stream.raw) }.map_err(|err| DriverError::from(err).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::EngineResource;
+
+    fn buffer(segment: u64, offset: u64) -> Resource<CudaDriver> {
+        EngineResource {
+            segment,
+            offset,
+            size: 512,
+        }
+    }
+
+    #[test]
+    fn parameters_are_buffers_then_dynamic_metadata_then_the_info_struct_by_value() {
+        // What cubecl-cpp compiles with grid constants: `buffer_0, buffer_1, dynamic_meta,
+        // info_st info`.
+        let mut arguments = pointer_arguments(
+            &[buffer(0x1000, 512), buffer(0x2000, 0)],
+            Some(&buffer(0x3000, 0)),
+        );
+        assert_eq!(arguments, vec![0x1200, 0x2000, 0x3000]);
+        let info = [7u64, 8];
+        let params = kernel_params(&mut arguments, &info);
+        assert_eq!(params.len(), 4);
+        for (param, argument) in params.iter().zip(&arguments) {
+            // SAFETY: each parameter points at a live argument.
+            assert_eq!(unsafe { *(*param as *const sys::CUdeviceptr) }, *argument);
+        }
+        assert_eq!(params[3] as *const u64, info.as_ptr());
+        // No scalars or static metadata: no info parameter.
+        assert_eq!(kernel_params(&mut arguments, &[]).len(), 3);
+        // Before sm_70 (or without dynamic metadata): buffers, then the metadata buffer if any.
+        assert_eq!(pointer_arguments(&[buffer(0x1000, 0)], None), vec![0x1000]);
     }
 }
