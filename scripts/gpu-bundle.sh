@@ -120,7 +120,9 @@ done
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE"
 log "compressing $(du -sh "$STAGE/bin" | cut -f1) of binaries with xz"
-tar -C "$STAGE" -cf - bin manifest.tsv | xz -T0 -6 >"$BUNDLE/bundle.tar.xz"
+# -9: a 64 MiB dictionary, so that the binaries' shared code (Burn, CubeCL, cudarc in every
+# one) compresses once across files; a stripped binary is about 45 MiB, 7 MiB after xz -6.
+tar -C "$STAGE" -cf - bin manifest.tsv | xz -T0 -9 >"$BUNDLE/bundle.tar.xz"
 cp "$MANIFEST" "$BUNDLE/manifest.tsv"
 END=$(date +%s)
 {
