@@ -40,6 +40,10 @@ use super::streams::CudaStreams;
 use crate::device::StreamId;
 use crate::runtime::{Driver, DriverError, Launch, LaunchCount, MetadataLayout, Resource};
 
+/// Writes up to this size copy from pageable memory, which the driver stages at once: pinned
+/// staging pays off only for larger copies, and a launch's metadata is a few hundred bytes.
+const MAX_INLINE_WRITE: usize = 64 << 10;
+
 /// Events the driver creates up front for syncs, reads and cross-stream waits.
 const PREWARMED_EVENTS: usize = 32;
 
@@ -327,8 +331,10 @@ impl Driver for CudaDriver {
         self.collect_writes()?;
         self.streams.note_work();
         let dst_ptr = device_pointer(dst);
-        if data.len() > MAX_PINNED_TRANSFER {
-            // A pageable source is staged by the driver before the call returns.
+        if data.len() <= MAX_INLINE_WRITE || data.len() > MAX_PINNED_TRANSFER {
+            // A pageable source is staged by the driver before the call returns, without
+            // waiting for the device. Small writes (every launch's metadata) take this path:
+            // no pinned buffer held per launch in flight, no event to record and poll.
             // SAFETY: `dst_ptr` addresses at least `data.len()` bytes of a live block.
             return unsafe { result::memcpy_htod_async(dst_ptr, data, stream.raw) }
                 .map_err(|err| cuda_failure("cuMemcpyHtoDAsync", err));

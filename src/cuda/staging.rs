@@ -4,6 +4,7 @@
 //! pooled: a copy takes the smallest idle buffer that fits, and a [`Staged`] buffer goes back
 //! to the pool when dropped. Idle buffers beyond [`MAX_IDLE_BYTES`] are freed.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
@@ -293,13 +294,13 @@ impl<F: CopyFence, B: CopyBuffer> Drop for InFlight<F, B> {
 /// Keeps the staging buffers of asynchronous writes until their copies completed.
 #[derive(Debug)]
 pub struct PendingWrites<F: CopyFence = PooledEvent, B: CopyBuffer = Staged> {
-    in_flight: Vec<InFlight<F, B>>,
+    in_flight: VecDeque<InFlight<F, B>>,
 }
 
 impl<F: CopyFence, B: CopyBuffer> Default for PendingWrites<F, B> {
     fn default() -> Self {
         Self {
-            in_flight: Vec::new(),
+            in_flight: VecDeque::new(),
         }
     }
 }
@@ -307,29 +308,30 @@ impl<F: CopyFence, B: CopyBuffer> Default for PendingWrites<F, B> {
 impl<F: CopyFence, B: CopyBuffer> PendingWrites<F, B> {
     /// Remembers copies in flight.
     pub fn push(&mut self, in_flight: InFlight<F, B>) {
-        self.in_flight.push(in_flight);
+        self.in_flight.push_back(in_flight);
     }
 
-    /// Returns the buffers of completed copies to their pool and abandons those whose
-    /// completion the driver could not report; returns the first such error.
+    /// Returns the buffers of completed copies to their pool, oldest first, up to the first
+    /// copy still running (a call costs one event query per finished copy, plus one). A copy
+    /// whose completion the driver cannot report has its buffers abandoned, and its error is
+    /// returned.
     pub fn collect(&mut self) -> Result<(), DeviceError> {
-        let mut first_error = None;
-        let mut kept = Vec::with_capacity(self.in_flight.len());
-        for entry in self.in_flight.drain(..) {
-            match entry.progress() {
-                Progress::Done => drop(entry),
-                Progress::Pending => kept.push(entry),
+        while let Some(oldest) = self.in_flight.front() {
+            match oldest.progress() {
+                Progress::Done => drop(self.in_flight.pop_front()),
+                Progress::Pending => return Ok(()),
                 Progress::Failed(err) => {
                     log::error!(
                         "caching allocator: {err}; the copy's pinned buffers are abandoned"
                     );
-                    entry.abandon();
-                    first_error.get_or_insert(err);
+                    if let Some(failed) = self.in_flight.pop_front() {
+                        failed.abandon();
+                    }
+                    return Err(err);
                 }
             }
         }
-        self.in_flight = kept;
-        first_error.map_or(Ok(()), Err)
+        Ok(())
     }
 
     /// Copies still tracked.
@@ -408,17 +410,17 @@ mod tests {
     fn a_failed_event_query_is_not_completion_and_the_buffers_never_return() {
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut pending = PendingWrites::default();
-        pending.push(InFlight::new(Fence(Ok(false)), vec![Buffer(log.clone())]));
-        pending.push(InFlight::new(
-            Fence(Err(failure())),
-            vec![Buffer(log.clone())],
-        ));
-        pending.push(InFlight::new(Fence(Ok(true)), vec![Buffer(log.clone())]));
+        for answer in [Ok(true), Err(failure()), Ok(false), Ok(true)] {
+            pending.push(InFlight::new(Fence(answer), vec![Buffer(log.clone())]));
+        }
         assert_eq!(pending.collect(), Err(failure()));
-        // The finished copy's buffer went back, the failed one's was abandoned, the running
-        // one is still tracked.
-        assert_eq!(*log.lock(), vec!["abandoned", "returned"]);
-        assert_eq!(pending.len(), 1);
+        // The finished copy's buffer went back, the failed one's was abandoned.
+        assert_eq!(*log.lock(), vec!["returned", "abandoned"]);
+        assert_eq!(pending.len(), 2);
+        // Collection stops at the first copy still running: the finished one behind waits.
+        assert_eq!(pending.collect(), Ok(()));
+        assert_eq!(pending.len(), 2);
+        assert_eq!(log.lock().len(), 2);
     }
 
     #[test]
