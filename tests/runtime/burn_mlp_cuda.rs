@@ -10,6 +10,10 @@ use burn_caching_alloc::cuda::cuda_available;
 
 use crate::support::mlp_check::{MlpShape, train_and_check};
 
+/// The CUDA Burn tests share the process's one `CachingCuda` device (and its engine); they
+/// take this lock so that one test's allocations do not show in another's counters.
+pub(crate) static CUDA_DEVICE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn mlp_trains_on_caching_cuda_and_memory_settles() {
@@ -17,6 +21,9 @@ fn mlp_trains_on_caching_cuda_and_memory_settles() {
         eprintln!("skipping: {reason}");
         return;
     }
+    let _device = CUDA_DEVICE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let shape = MlpShape {
         hidden: 64,
         batch: 128,
