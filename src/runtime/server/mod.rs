@@ -344,6 +344,9 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         let memory = binding.memory.clone();
         let (resource, used) = self.resolve_use(binding)?;
         self.order_after(stream_id, &[used])?;
+        // The caller may write the buffer: as a launch would.
+        note_rewrites(&mut self.streams, stream_id, &[used]);
+        self.advance(stream_id);
         let (driver, driver_stream) = self.split(stream_id);
         driver.flush(driver_stream)?;
         Ok(ManagedResource::new(memory, resource))
