@@ -6,10 +6,14 @@
 //! the ordering contract of [`Driver`]; work is submitted when issued, so `flush` has nothing
 //! to submit and only returns finished staging buffers to their pool.
 //!
-//! Kernel metadata (scalars, shapes, strides) is compiled as a buffer argument after the
-//! kernel's buffers. Each launch copies it into a small stream-ordered allocation
-//! (`cuMemAllocAsync`, freed with `cuMemFreeAsync` after the launch): scratch of the driver,
-//! a few hundred bytes, not tensor memory, so it bypasses the engine.
+//! Kernel metadata is passed as `cubecl-cuda` passes it: from sm_70, scalars and static
+//! metadata by value (`__grid_constant__`), the dynamic metadata, when a kernel has any, in the
+//! stream's metadata scratch that the server fills ([`MetadataLayout::GridConstant`]); before
+//! sm_70, all of it in that scratch ([`MetadataLayout::DeviceBuffer`]). No launch allocates.
+//!
+//! Every launch and copy is counted on the stream table before it is issued, so the device
+//! memory synchronises before freeing segments only when work was issued since its last
+//! synchronisation (once per release batch).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -26,14 +30,19 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 
 use super::events::{EventPool, PooledEvent};
+use super::headers;
 use super::kernel::{self, CudaCppCompiler, CudaKernel};
 use super::memory::CudaMemory;
 use super::probe::open_context;
 use super::properties::{self, CudaDeviceSetup};
-use super::staging::{self, MAX_PINNED_TRANSFER, PendingWrites, StagingPool};
+use super::staging::{self, CopyBuffer, MAX_PINNED_TRANSFER, PendingWrites, StagingPool};
 use super::streams::CudaStreams;
 use crate::device::StreamId;
-use crate::runtime::{Driver, DriverError, Launch, LaunchCount, Resource};
+use crate::runtime::{Driver, DriverError, Launch, LaunchCount, MetadataLayout, Resource};
+
+/// Writes up to this size copy from pageable memory, which the driver stages at once: pinned
+/// staging pays off only for larger copies, and a launch's metadata is a few hundred bytes.
+const MAX_INLINE_WRITE: usize = 64 << 10;
 
 /// Events the driver creates up front for syncs, reads and cross-stream waits.
 const PREWARMED_EVENTS: usize = 32;
@@ -78,6 +87,8 @@ pub struct CudaDriver {
     pending_writes: PendingWrites,
     memory: Option<CudaMemory>,
     setup: CudaDeviceSetup,
+    /// NVRTC's `--include-path=` options for CUDA's headers, found when the device opened.
+    include_options: Vec<String>,
 }
 
 // SAFETY: every raw handle inside is a driver handle usable from any thread once the context
@@ -127,55 +138,43 @@ impl CudaDriver {
         Ok(host)
     }
 
-    /// Uploads the launch metadata into a stream-ordered scratch allocation.
-    fn upload_info(&self, stream: &CudaStream, info: &[u64]) -> Result<InfoBuffer, ServerError> {
-        let bytes: Vec<u8> = info.iter().flat_map(|value| value.to_ne_bytes()).collect();
-        let async_alloc = self.context.has_async_alloc();
-        // SAFETY: a fresh allocation of `bytes.len()` bytes, written before the launch that
-        // reads it, in stream order.
-        unsafe {
-            let ptr = if async_alloc {
-                result::malloc_async(stream.raw, bytes.len())
-                    .map_err(|err| cuda_failure("cuMemAllocAsync", err))?
-            } else {
-                result::malloc_sync(bytes.len()).map_err(|err| cuda_failure("cuMemAlloc", err))?
-            };
-            // A pageable source is staged by the driver before the call returns.
-            if let Err(err) = result::memcpy_htod_async(ptr, &bytes, stream.raw) {
-                let _ = InfoBuffer { ptr, async_alloc }.free(stream);
-                return Err(cuda_failure("cuMemcpyHtoDAsync", err));
-            }
-            Ok(InfoBuffer { ptr, async_alloc })
-        }
-    }
-}
-
-/// Scratch memory holding one launch's metadata.
-struct InfoBuffer {
-    ptr: sys::CUdeviceptr,
-    async_alloc: bool,
-}
-
-impl InfoBuffer {
-    /// Frees the scratch after the work issued so far on `stream`.
-    fn free(self, stream: &CudaStream) -> Result<(), ServerError> {
-        // SAFETY: allocated by `upload_info`, freed once; a synchronous allocation is freed
-        // after the stream finished the launch that reads it.
-        unsafe {
-            if self.async_alloc {
-                result::free_async(self.ptr, stream.raw)
-                    .map_err(|err| cuda_failure("cuMemFreeAsync", err))
-            } else {
-                result::stream::synchronize(stream.raw)
-                    .map_err(|err| cuda_failure("cuStreamSynchronize", err))?;
-                result::free_sync(self.ptr).map_err(|err| cuda_failure("cuMemFree", err))
-            }
-        }
+    /// Returns finished staging buffers to their pool; a copy whose completion the driver
+    /// cannot report is an error (its buffers are abandoned, see `staging`).
+    fn collect_writes(&mut self) -> Result<(), ServerError> {
+        self.pending_writes
+            .collect()
+            .map_err(|err| DriverError::from(err).into())
     }
 }
 
 fn device_pointer(resource: &Resource<CudaDriver>) -> sys::CUdeviceptr {
     resource.segment + resource.offset
+}
+
+/// The pointer parameters of a launch, as cubecl-cpp compiles the kernel's signature: the
+/// buffers in binding order, then the metadata buffer when there is one (all the info before
+/// sm_70, the dynamic metadata from sm_70).
+fn pointer_arguments(
+    buffers: &[Resource<CudaDriver>],
+    metadata: Option<&Resource<CudaDriver>>,
+) -> Vec<sys::CUdeviceptr> {
+    let mut arguments: Vec<sys::CUdeviceptr> = buffers.iter().map(device_pointer).collect();
+    arguments.extend(metadata.map(device_pointer));
+    arguments
+}
+
+/// `cuLaunchKernel`'s parameter array: a pointer to each pointer argument, then the info struct
+/// by value (`__grid_constant__`) when the kernel has one, which is exactly when the inline
+/// info (scalars and static metadata) is not empty.
+fn kernel_params(arguments: &mut [sys::CUdeviceptr], info: &[u64]) -> Vec<*mut c_void> {
+    let mut params: Vec<*mut c_void> = arguments
+        .iter_mut()
+        .map(|argument| argument as *mut sys::CUdeviceptr as *mut c_void)
+        .collect();
+    if !info.is_empty() {
+        params.push(info.as_ptr() as *mut c_void);
+    }
+    params
 }
 
 impl Driver for CudaDriver {
@@ -188,8 +187,13 @@ impl Driver for CudaDriver {
 
     fn open(device: DeviceId) -> Result<Self, DriverError> {
         let ordinal = device.index_id as usize;
+        // Without CUDA's headers no kernel compiles: say so now, naming CUDA_PATH.
+        let include_options = headers::include_dirs()?
+            .into_iter()
+            .map(|dir| format!("--include-path={}", dir.display()))
+            .collect();
         let context = open_context(ordinal)?;
-        let streams = CudaStreams::new(context.clone());
+        let streams = CudaStreams::counted(context.clone());
         let memory = CudaMemory::with_streams(streams.clone())?;
         let setup = properties::probe(&context, memory.total_memory())?;
         let events = EventPool::new(context.clone(), PREWARMED_EVENTS)?;
@@ -201,6 +205,7 @@ impl Driver for CudaDriver {
             pending_writes: PendingWrites::default(),
             memory: Some(memory),
             setup,
+            include_options,
         })
     }
 
@@ -219,6 +224,14 @@ impl Driver for CudaDriver {
     }
 
     fn info(&self) {}
+
+    fn metadata_layout(&self) -> MetadataLayout {
+        if self.setup.options.supports_features.grid_constants {
+            MetadataLayout::GridConstant
+        } else {
+            MetadataLayout::DeviceBuffer
+        }
+    }
 
     fn create_stream(&mut self, id: StreamId) -> CudaStream {
         match self.streams.get_or_create(id) {
@@ -252,6 +265,7 @@ impl Driver for CudaDriver {
             mode,
             self.setup.arch,
             self.setup.properties.hardware.max_shared_memory_size,
+            &self.include_options,
         )
     }
 
@@ -261,6 +275,7 @@ impl Driver for CudaDriver {
         launch: Launch<'_, Self>,
     ) -> Result<(), ServerError> {
         self.bind()?;
+        self.streams.note_work();
         let count = match &launch.count {
             LaunchCount::Static(x, y, z) => (*x, *y, *z),
             LaunchCount::Dynamic(resource) => {
@@ -278,21 +293,10 @@ impl Driver for CudaDriver {
             return Ok(());
         }
 
-        let info = if launch.info.is_empty() {
-            None
-        } else {
-            Some(self.upload_info(stream, launch.info)?)
-        };
-        let mut arguments: Vec<sys::CUdeviceptr> =
-            launch.buffers.iter().map(device_pointer).collect();
-        if let Some(info) = &info {
-            arguments.push(info.ptr);
-        }
-        // The driver copies each argument when the launch is issued.
-        let mut params: Vec<*mut c_void> = arguments
-            .iter_mut()
-            .map(|argument| argument as *mut sys::CUdeviceptr as *mut c_void)
-            .collect();
+        let mut arguments = pointer_arguments(&launch.buffers, launch.metadata.as_ref());
+        // cuLaunchKernel copies every parameter (the info struct's bytes included) before it
+        // returns.
+        let mut params = kernel_params(&mut arguments, launch.info);
         let kernel = launch.kernel;
         let cube_dim = kernel.cube_dim();
         // SAFETY: a loaded function of this context, arguments matching its signature (buffers
@@ -307,15 +311,13 @@ impl Driver for CudaDriver {
                 &mut params,
             )
         };
-        let freed = info.map(|info| info.free(stream)).unwrap_or(Ok(()));
         launched.map_err(|err| {
             generic(format!(
                 "CUDA: launching kernel `{}` with {count:?} cubes of {cube_dim:?} failed: {:?}",
                 kernel.name(),
                 err.0
             ))
-        })?;
-        freed
+        })
     }
 
     fn write(
@@ -326,10 +328,13 @@ impl Driver for CudaDriver {
     ) -> Result<(), ServerError> {
         // The server checked that `data` is not empty and fits `dst`.
         self.bind()?;
-        self.pending_writes.collect();
+        self.collect_writes()?;
+        self.streams.note_work();
         let dst_ptr = device_pointer(dst);
-        if data.len() > MAX_PINNED_TRANSFER {
-            // A pageable source is staged by the driver before the call returns.
+        if data.len() <= MAX_INLINE_WRITE || data.len() > MAX_PINNED_TRANSFER {
+            // A pageable source is staged by the driver before the call returns, without
+            // waiting for the device. Small writes (every launch's metadata) take this path:
+            // no pinned buffer held per launch in flight, no event to record and poll.
             // SAFETY: `dst_ptr` addresses at least `data.len()` bytes of a live block.
             return unsafe { result::memcpy_htod_async(dst_ptr, data, stream.raw) }
                 .map_err(|err| cuda_failure("cuMemcpyHtoDAsync", err));
@@ -347,14 +352,9 @@ impl Driver for CudaDriver {
             )
             .result()
             .map_err(|err| cuda_failure("cuMemcpyHtoDAsync", err))?;
-            match staging::in_flight(&self.events, stream.raw, vec![staged]) {
-                Ok(in_flight) => self.pending_writes.push(in_flight),
-                Err(reason) => {
-                    // Without an event, wait here before the buffer goes back to the pool.
-                    let _ = result::stream::synchronize(stream.raw);
-                    return Err(generic(format!("CUDA: {reason}")));
-                }
-            }
+            // Without an event, `in_flight` waits for the stream before the buffer goes back.
+            let in_flight = staging::in_flight(&self.events, stream.raw, vec![staged])?;
+            self.pending_writes.push(in_flight);
         }
         Ok(())
     }
@@ -382,14 +382,27 @@ impl Driver for CudaDriver {
                 }
                 if bytes == 0 {
                     parts.push(Part::Ready(Vec::new()));
-                } else if bytes > MAX_PINNED_TRANSFER {
-                    parts.push(Part::Ready(self.read_pageable(
-                        stream,
-                        device_pointer(resource),
-                        bytes,
-                    )?));
                 } else {
-                    let buffer = self.staging.take(bytes)?;
+                    // Pinned at every size: the copy runs asynchronously and the future, not
+                    // the server's thread, waits for it. A large read gets a buffer of its
+                    // size (see `staging::buffer_capacity`).
+                    self.streams.note_work();
+                    let buffer = match self.staging.take(bytes) {
+                        Ok(buffer) => buffer,
+                        Err(err) if bytes > MAX_PINNED_TRANSFER => {
+                            // Pinning that much failed: copy to pageable memory, which waits
+                            // for the device here.
+                            log::warn!(
+                                "caching allocator: {err}; reading {bytes} bytes through \
+                                 pageable memory"
+                            );
+                            let host =
+                                self.read_pageable(stream, device_pointer(resource), bytes)?;
+                            parts.push(Part::Ready(host));
+                            continue;
+                        }
+                        Err(err) => return Err(err.into()),
+                    };
                     // SAFETY: `buffer` holds `bytes` pinned bytes and is only read after the
                     // event below completed; the source addresses enough bytes.
                     let copied = unsafe {
@@ -406,8 +419,11 @@ impl Driver for CudaDriver {
                     parts.push(Part::Pinned(staged.len()));
                     staged.push(buffer);
                     if let Err(err) = copied {
-                        // SAFETY: a live stream; waiting makes the buffers safe to reuse.
-                        let _ = unsafe { result::stream::synchronize(stream.raw) };
+                        // SAFETY: a live stream; waiting makes the buffers safe to reuse. If
+                        // even that fails, a copy may still run into them: abandoned.
+                        if unsafe { result::stream::synchronize(stream.raw) }.is_err() {
+                            staged.drain(..).for_each(CopyBuffer::abandon);
+                        }
                         return Err(cuda_failure("cuMemcpyDtoHAsync", err));
                     }
                 }
@@ -434,13 +450,14 @@ impl Driver for CudaDriver {
 
     fn flush(&mut self, _stream: &mut CudaStream) -> Result<(), ServerError> {
         // CUDA submits work as it is issued.
-        self.pending_writes.collect();
-        Ok(())
+        self.collect_writes()
     }
 
     fn sync(&mut self, stream: &mut CudaStream) -> DynFut<Result<(), ServerError>> {
-        let recorded = self.bind().and_then(|()| self.record(stream));
-        self.pending_writes.collect();
+        let recorded = self
+            .bind()
+            .and_then(|()| self.collect_writes())
+            .and_then(|()| self.record(stream));
         Box::pin(async move {
             recorded?
                 .synchronize()
@@ -460,5 +477,42 @@ impl Driver for CudaDriver {
     ) -> Result<(), ServerError> {
         // SAFETY: a live stream of this context.
         unsafe { event.wait_on(stream.raw) }.map_err(|err| DriverError::from(err).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::EngineResource;
+
+    fn buffer(segment: u64, offset: u64) -> Resource<CudaDriver> {
+        EngineResource {
+            segment,
+            offset,
+            size: 512,
+        }
+    }
+
+    #[test]
+    fn parameters_are_buffers_then_dynamic_metadata_then_the_info_struct_by_value() {
+        // What cubecl-cpp compiles with grid constants: `buffer_0, buffer_1, dynamic_meta,
+        // info_st info`.
+        let mut arguments = pointer_arguments(
+            &[buffer(0x1000, 512), buffer(0x2000, 0)],
+            Some(&buffer(0x3000, 0)),
+        );
+        assert_eq!(arguments, vec![0x1200, 0x2000, 0x3000]);
+        let info = [7u64, 8];
+        let params = kernel_params(&mut arguments, &info);
+        assert_eq!(params.len(), 4);
+        for (param, argument) in params.iter().zip(&arguments) {
+            // SAFETY: each parameter points at a live argument.
+            assert_eq!(unsafe { *(*param as *const sys::CUdeviceptr) }, *argument);
+        }
+        assert_eq!(params[3] as *const u64, info.as_ptr());
+        // No scalars or static metadata: no info parameter.
+        assert_eq!(kernel_params(&mut arguments, &[]).len(), 3);
+        // Before sm_70 (or without dynamic metadata): buffers, then the metadata buffer if any.
+        assert_eq!(pointer_arguments(&[buffer(0x1000, 0)], None), vec![0x1000]);
     }
 }

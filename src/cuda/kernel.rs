@@ -3,7 +3,6 @@
 
 use std::ffi::{CStr, CString};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::PathBuf;
 
 use cubecl_common::backtrace::BackTrace;
 use cubecl_core::CubeDim;
@@ -68,24 +67,8 @@ fn compilation_error(reason: String) -> LaunchError {
     .into()
 }
 
-/// Include folders for NVRTC: the CUDA toolkit's headers (and CCCL's), where a toolkit is found.
-fn include_options() -> Vec<String> {
-    let Some(root) = cubecl_cuda::install::cuda_path() else {
-        return Vec::new();
-    };
-    let include: PathBuf = root.join("include");
-    let mut options = Vec::new();
-    if include.exists() {
-        options.push(format!("--include-path={}", include.display()));
-        let cccl = include.join("cccl");
-        if cccl.exists() {
-            options.push(format!("--include-path={}", cccl.display()));
-        }
-    }
-    options
-}
-
 /// Compiles `kernel` to PTX with NVRTC and loads it into the current context.
+/// `include_options` are NVRTC's `--include-path=` options for CUDA's headers (see `headers`).
 ///
 /// The device's context must be current on the calling thread.
 pub fn compile(
@@ -94,6 +77,7 @@ pub fn compile(
     mode: ExecutionMode,
     arch: u32,
     max_shared_memory: usize,
+    include_options: &[String],
 ) -> Result<CudaKernel, LaunchError> {
     let mut compiler = CudaCppCompiler::default();
     let compiled = kernel.compile(&mut compiler, options, mode, kernel.address_type())?;
@@ -112,7 +96,7 @@ pub fn compile(
     }
     let name = compiled.entrypoint_name.clone();
     let mut nvrtc_options = vec![nvrtc_arch_option(arch)];
-    nvrtc_options.extend(include_options());
+    nvrtc_options.extend(include_options.iter().cloned());
 
     let ptx = catch_unwind(AssertUnwindSafe(|| {
         nvrtc_compile(&compiled.source, &nvrtc_options)

@@ -29,6 +29,29 @@ pub struct CudaMemory {
     total_memory: u64,
     /// Address ranges and pages of expandable segments.
     virtual_ranges: VirtualRanges,
+    release: ReleaseSync,
+}
+
+/// When freeing a segment must synchronise the context first: only when work was issued
+/// since the last synchronisation. A release batch (`empty_cache`, the out-of-memory retry,
+/// garbage collection) frees its segments with no work issued in between, so it synchronises
+/// once, not once per segment.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ReleaseSync {
+    /// The work counter read just before the last synchronisation.
+    synced_at: Option<u64>,
+}
+
+impl ReleaseSync {
+    /// Whether work issued up to counter `work` may still be running.
+    pub(crate) fn needs_sync(&self, work: u64) -> bool {
+        self.synced_at != Some(work)
+    }
+
+    /// The context was synchronised after the counter read `work`.
+    pub(crate) fn synced(&mut self, work: u64) {
+        self.synced_at = Some(work);
+    }
 }
 
 impl CudaMemory {
@@ -54,6 +77,7 @@ impl CudaMemory {
             streams,
             events,
             total_memory: total as u64,
+            release: ReleaseSync::default(),
         })
     }
 
@@ -75,6 +99,23 @@ impl CudaMemory {
 
     fn bind(&self) -> Result<(), DeviceError> {
         driver_call("cuCtxSetCurrent", || self.context.bind_to_thread())
+    }
+
+    /// Waits for the device before memory goes back to the driver. Blocks are freed when their
+    /// last handle drops, possibly while a kernel issued before still reads them, and neither
+    /// `cuMemFree`'s implicit sync nor `cuMemUnmap` (which does not wait at all) is relied on.
+    /// Once per release batch: the counter is read before the synchronisation, so work issued
+    /// during it makes the next release synchronise again. Memory used on its own (no driver
+    /// counting work) synchronises every time.
+    fn sync_before_release(&mut self) -> Result<(), DeviceError> {
+        let work = self.streams.work_issued();
+        if work.is_none_or(|work| self.release.needs_sync(work)) {
+            driver_call("cuCtxSynchronize", || self.context.synchronize())?;
+            if let Some(work) = work {
+                self.release.synced(work);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -107,10 +148,7 @@ impl DeviceMemory for CudaMemory {
 
     fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
         self.bind()?;
-        // Blocks are freed when their last handle drops, possibly while a kernel issued before
-        // still reads them; segments are freed rarely (empty_cache, the out-of-memory path), so
-        // wait for the device explicitly rather than rely on cuMemFree's implicit sync.
-        driver_call("cuCtxSynchronize", || self.context.synchronize())?;
+        self.sync_before_release()?;
         // SAFETY: the engine frees each segment it allocated exactly once, after every block in
         // it was freed, and no work is pending on the device.
         driver_call("cuMemFree", || unsafe { result::free_sync(segment.handle) })
@@ -180,14 +218,32 @@ impl DeviceMemory for CudaMemory {
         size: u64,
     ) -> Result<(), DeviceError> {
         self.bind()?;
-        // cuMemUnmap does not wait for kernels still reading the pages (PyTorch synchronises
-        // the stream first): wait for the device, as `free` does.
-        driver_call("cuCtxSynchronize", || self.context.synchronize())?;
+        // PyTorch synchronises the range's stream before `cuMemUnmap`; this waits for the
+        // device, once per release batch, as `free` does.
+        self.sync_before_release()?;
         self.virtual_ranges.unmap(range.handle, offset, size)
     }
 
     fn release_range(&mut self, range: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
         self.bind()?;
         self.virtual_ranges.release(range.handle)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReleaseSync;
+
+    #[test]
+    fn a_release_batch_synchronises_once_and_new_work_makes_it_sync_again() {
+        let mut release = ReleaseSync::default();
+        // Never synchronised: the first free waits.
+        assert!(release.needs_sync(0));
+        release.synced(7);
+        // More segments of the same batch: no work issued since.
+        assert!(!release.needs_sync(7));
+        assert!(!release.needs_sync(7));
+        // A launch or a copy since: the next free waits again.
+        assert!(release.needs_sync(8));
     }
 }

@@ -7,7 +7,8 @@
 //! - `probe`: whether a driver and a device are here, and the device's primary context;
 //! - `error`: driver results as [`DeviceError`]s, `libcuda` panics caught;
 //! - `kernel`: CubeCL kernels compiled to CUDA C++ and through NVRTC;
-//! - `staging`: pinned host buffers for copies;
+//! - `headers`: where NVRTC finds CUDA's headers, checked when the device opens;
+//! - `staging`: pinned host buffers for copies, and copies in flight until their event;
 //! - `properties`: what the device supports, as CubeCL's `DeviceProperties`;
 //! - `driver`: the [`Driver`](crate::runtime::Driver) the generic server runs on;
 //! - `runtime`: [`CachingCudaRuntime`], the `cubecl::Runtime` Burn's `CachingCuda` uses.
@@ -22,6 +23,7 @@
 mod driver;
 mod error;
 mod events;
+mod headers;
 mod kernel;
 mod memory;
 mod probe;

@@ -4,23 +4,38 @@
 //! pooled: a copy takes the smallest idle buffer that fits, and a [`Staged`] buffer goes back
 //! to the pool when dropped. Idle buffers beyond [`MAX_IDLE_BYTES`] are freed.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 use cudarc::driver::result;
 use parking_lot::Mutex;
 
+use crate::device::DeviceError;
 use crate::runtime::DriverError;
 
 use super::events::{EventPool, PooledEvent};
 
-/// Transfers up to this size go through pinned staging; larger ones copy from or to pageable
-/// memory directly (pinning that much memory costs more than it saves).
+/// Writes up to this size go through pooled pinned staging; larger ones copy from pageable
+/// memory directly (the driver stages them without waiting for the device). Reads of any size
+/// are staged in pinned memory, so that no read waits for the device on the server's thread;
+/// above this size the buffer is sized to the read rather than pooled.
 pub const MAX_PINNED_TRANSFER: usize = 64 << 20;
 /// Idle pinned bytes kept for reuse.
 pub const MAX_IDLE_BYTES: usize = 256 << 20;
 /// Smallest pinned buffer allocated.
 const MIN_BUFFER: usize = 64 << 10;
+
+/// The capacity allocated for a copy of `len` bytes: a power of two up to
+/// [`MAX_PINNED_TRANSFER`] (pooled sizes), above it `len` rounded up to 2 MiB (a large read,
+/// whose buffer is freed again unless it fits the idle bound).
+pub fn buffer_capacity(len: usize) -> usize {
+    if len <= MAX_PINNED_TRANSFER {
+        len.next_power_of_two().max(MIN_BUFFER)
+    } else {
+        len.next_multiple_of(2 << 20)
+    }
+}
 
 #[derive(Debug)]
 struct PinnedBuffer {
@@ -73,7 +88,7 @@ impl StagingPool {
         };
         let buffer = match reused {
             Some(buffer) => buffer,
-            None => self.allocate(len.next_power_of_two().max(MIN_BUFFER))?,
+            None => self.allocate(buffer_capacity(len))?,
         };
         Ok(Staged {
             buffer: Some(buffer),
@@ -166,68 +181,168 @@ impl Drop for Staged {
     }
 }
 
-/// Staging buffers that a stream still copies into or out of, until the event after the copy.
-/// Dropping it waits for the event, so a buffer never returns to the pool mid-copy.
-#[derive(Debug)]
-pub struct InFlight {
-    event: Option<PooledEvent>,
-    staged: Vec<Staged>,
+/// A point in a stream's work that copies wait for (a recorded CUDA event).
+pub trait CopyFence {
+    /// Whether the work before the fence has completed; `Err` when the driver cannot tell.
+    fn query(&self) -> Result<bool, DeviceError>;
+    /// Blocks until the work before the fence has completed.
+    fn synchronize(&self) -> Result<(), DeviceError>;
 }
 
-impl InFlight {
-    /// `staged` is in use by the copies issued before `event`.
-    pub fn new(event: PooledEvent, staged: Vec<Staged>) -> Self {
+impl CopyFence for PooledEvent {
+    fn query(&self) -> Result<bool, DeviceError> {
+        PooledEvent::query(self)
+    }
+
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        PooledEvent::synchronize(self)
+    }
+}
+
+/// A buffer a copy may still use: returned to its pool when dropped, or abandoned.
+pub trait CopyBuffer {
+    /// Never returns the buffer to its pool nor frees it: after a failed wait a DMA may still
+    /// be running into or out of it, and only the process's end makes that memory safe.
+    fn abandon(self);
+}
+
+impl CopyBuffer for Staged {
+    fn abandon(mut self) {
+        // Dropping the `PinnedBuffer` value frees nothing: the pinned memory is leaked.
+        self.buffer.take();
+    }
+}
+
+/// What a look at copies in flight found.
+#[derive(Debug, PartialEq)]
+pub enum Progress {
+    /// The copies completed; their buffers can be reused.
+    Done,
+    /// Still running.
+    Pending,
+    /// The driver could not tell (`cuEventQuery` failed): the copies may still be running.
+    Failed(DeviceError),
+}
+
+/// Staging buffers that a stream still copies into or out of, until the fence after the copy.
+/// Dropping it waits for the fence, so a buffer never returns to the pool mid-copy; a buffer
+/// whose copy cannot be known to be over (the driver failed to answer) never returns to it.
+#[derive(Debug)]
+pub struct InFlight<F: CopyFence = PooledEvent, B: CopyBuffer = Staged> {
+    fence: Option<F>,
+    staged: Vec<B>,
+}
+
+impl<F: CopyFence, B: CopyBuffer> InFlight<F, B> {
+    /// `staged` is in use by the copies issued before `fence`.
+    pub fn new(fence: F, staged: Vec<B>) -> Self {
         Self {
-            event: Some(event),
+            fence: Some(fence),
             staged,
         }
     }
 
-    /// Whether the copies have completed (an error counts as completed: the copy is over).
-    pub fn is_done(&self) -> bool {
-        self.event
-            .as_ref()
-            .is_none_or(|event| event.query().unwrap_or(true))
+    /// Whether the copies have completed. An error is not completion: the caller abandons
+    /// the buffers ([`InFlight::abandon`]).
+    pub fn progress(&self) -> Progress {
+        match self.fence.as_ref().map(|fence| fence.query()) {
+            None | Some(Ok(true)) => Progress::Done,
+            Some(Ok(false)) => Progress::Pending,
+            Some(Err(err)) => Progress::Failed(err),
+        }
     }
 
-    /// Waits for the copies and hands the buffers over.
-    pub fn wait(mut self) -> Result<Vec<Staged>, DriverError> {
-        let waited = match self.event.take() {
-            Some(event) => event.synchronize().map_err(DriverError::from),
+    /// Gives the buffers up without returning them to their pool (see [`CopyBuffer`]).
+    pub fn abandon(mut self) {
+        self.fence = None;
+        for buffer in std::mem::take(&mut self.staged) {
+            buffer.abandon();
+        }
+    }
+
+    /// Waits for the copies and hands the buffers over; on a failed wait they are abandoned.
+    pub fn wait(mut self) -> Result<Vec<B>, DriverError> {
+        let waited = match self.fence.take() {
+            Some(fence) => fence.synchronize().map_err(DriverError::from),
             None => Ok(()),
         };
-        let staged = std::mem::take(&mut self.staged);
-        waited.map(|()| staged)
+        match waited {
+            Ok(()) => Ok(std::mem::take(&mut self.staged)),
+            Err(err) => {
+                self.abandon();
+                Err(err)
+            }
+        }
     }
 }
 
-impl Drop for InFlight {
+impl<F: CopyFence, B: CopyBuffer> Drop for InFlight<F, B> {
     fn drop(&mut self) {
-        if let Some(event) = self.event.take() {
-            let _ = event.synchronize();
+        if let Some(fence) = self.fence.take()
+            && let Err(err) = fence.synchronize()
+        {
+            log::error!(
+                "caching allocator: a staged copy could not be waited for ({err}); its pinned buffers are abandoned"
+            );
+            for buffer in std::mem::take(&mut self.staged) {
+                buffer.abandon();
+            }
         }
     }
 }
 
 /// Keeps the staging buffers of asynchronous writes until their copies completed.
-#[derive(Debug, Default)]
-pub struct PendingWrites {
-    in_flight: Vec<InFlight>,
+#[derive(Debug)]
+pub struct PendingWrites<F: CopyFence = PooledEvent, B: CopyBuffer = Staged> {
+    in_flight: VecDeque<InFlight<F, B>>,
 }
 
-impl PendingWrites {
+impl<F: CopyFence, B: CopyBuffer> Default for PendingWrites<F, B> {
+    fn default() -> Self {
+        Self {
+            in_flight: VecDeque::new(),
+        }
+    }
+}
+
+impl<F: CopyFence, B: CopyBuffer> PendingWrites<F, B> {
     /// Remembers copies in flight.
-    pub fn push(&mut self, in_flight: InFlight) {
-        self.in_flight.push(in_flight);
+    pub fn push(&mut self, in_flight: InFlight<F, B>) {
+        self.in_flight.push_back(in_flight);
     }
 
-    /// Returns the buffers of completed copies to their pool.
-    pub fn collect(&mut self) {
-        self.in_flight.retain(|entry| !entry.is_done());
+    /// Returns the buffers of completed copies to their pool, oldest first, up to the first
+    /// copy still running (a call costs one event query per finished copy, plus one). A copy
+    /// whose completion the driver cannot report has its buffers abandoned, and its error is
+    /// returned.
+    pub fn collect(&mut self) -> Result<(), DeviceError> {
+        while let Some(oldest) = self.in_flight.front() {
+            match oldest.progress() {
+                Progress::Done => drop(self.in_flight.pop_front()),
+                Progress::Pending => return Ok(()),
+                Progress::Failed(err) => {
+                    log::error!(
+                        "caching allocator: {err}; the copy's pinned buffers are abandoned"
+                    );
+                    if let Some(failed) = self.in_flight.pop_front() {
+                        failed.abandon();
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies still tracked.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.in_flight.len()
     }
 }
 
-/// Records an event on `stream` for copies that use `staged`.
+/// Records an event on `stream` for copies that use `staged`. If no event can be recorded,
+/// waits for the stream instead (or abandons the buffers if that fails too) and says why.
 ///
 /// # Safety
 /// `stream` must be a live stream of the pool's context.
@@ -237,6 +352,105 @@ pub unsafe fn in_flight(
     staged: Vec<Staged>,
 ) -> Result<InFlight, DriverError> {
     // SAFETY: forwarded from the caller.
-    let event = unsafe { events.record(stream) }?;
-    Ok(InFlight::new(event, staged))
+    match unsafe { events.record(stream) } {
+        Ok(event) => Ok(InFlight::new(event, staged)),
+        Err(err) => {
+            // Without an event, wait for the stream before the buffers go back to the pool;
+            // if even that fails, a copy may still use them: abandoned.
+            // SAFETY: forwarded from the caller.
+            if unsafe { result::stream::synchronize(stream) }.is_err() {
+                staged.into_iter().for_each(CopyBuffer::abandon);
+            }
+            Err(err.into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
+
+    use super::*;
+
+    struct Fence(Result<bool, DeviceError>);
+
+    impl CopyFence for Fence {
+        fn query(&self) -> Result<bool, DeviceError> {
+            self.0.clone()
+        }
+
+        fn synchronize(&self) -> Result<(), DeviceError> {
+            self.0.clone().map(|_| ())
+        }
+    }
+
+    /// Says on drop whether it went back to its pool or was abandoned.
+    struct Buffer(Arc<Mutex<Vec<&'static str>>>);
+
+    impl CopyBuffer for Buffer {
+        fn abandon(self) {
+            self.0.lock().push("abandoned");
+            std::mem::forget(self);
+        }
+    }
+
+    impl Drop for Buffer {
+        fn drop(&mut self) {
+            self.0.lock().push("returned");
+        }
+    }
+
+    fn failure() -> DeviceError {
+        DeviceError::Driver("cuEventQuery failed: CUDA_ERROR_LAUNCH_FAILED".into())
+    }
+
+    #[test]
+    fn a_failed_event_query_is_not_completion_and_the_buffers_never_return() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut pending = PendingWrites::default();
+        for answer in [Ok(true), Err(failure()), Ok(false), Ok(true)] {
+            pending.push(InFlight::new(Fence(answer), vec![Buffer(log.clone())]));
+        }
+        assert_eq!(pending.collect(), Err(failure()));
+        // The finished copy's buffer went back, the failed one's was abandoned.
+        assert_eq!(*log.lock(), vec!["returned", "abandoned"]);
+        assert_eq!(pending.len(), 2);
+        // Collection stops at the first copy still running: the finished one behind waits.
+        assert_eq!(pending.collect(), Ok(()));
+        assert_eq!(pending.len(), 2);
+        assert_eq!(log.lock().len(), 2);
+    }
+
+    #[test]
+    fn a_failed_wait_abandons_the_buffers_instead_of_returning_them() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = InFlight::new(Fence(Err(failure())), vec![Buffer(log.clone())]);
+        assert!(in_flight.wait().is_err());
+        assert_eq!(*log.lock(), vec!["abandoned"]);
+        // Dropped without a wait: the same.
+        drop(InFlight::new(
+            Fence(Err(failure())),
+            vec![Buffer(log.clone())],
+        ));
+        assert_eq!(*log.lock(), vec!["abandoned", "abandoned"]);
+        // A wait that succeeds hands the buffers over.
+        let buffers = InFlight::new(Fence(Ok(true)), vec![Buffer(log.clone())])
+            .wait()
+            .expect("waited");
+        drop(buffers);
+        assert_eq!(log.lock().last(), Some(&"returned"));
+    }
+
+    #[test]
+    fn large_reads_get_a_buffer_of_their_size_not_the_next_power_of_two() {
+        assert_eq!(buffer_capacity(1), 64 << 10);
+        assert_eq!(buffer_capacity(MAX_PINNED_TRANSFER), MAX_PINNED_TRANSFER);
+        assert_eq!(
+            buffer_capacity(MAX_PINNED_TRANSFER + 1),
+            MAX_PINNED_TRANSFER + (2 << 20)
+        );
+        assert_eq!(buffer_capacity(300 << 20), 300 << 20);
+    }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::CudaContext;
 use cudarc::driver::result;
@@ -26,14 +27,32 @@ unsafe impl Send for RawStream {}
 pub struct CudaStreams {
     context: Arc<CudaContext>,
     streams: Mutex<HashMap<StreamId, RawStream>>,
+    /// Operations issued to the device so far (launches, copies), by anyone sharing the table:
+    /// the device memory synchronises before freeing a segment only when work was issued
+    /// since its last synchronisation.
+    work: AtomicU64,
+    /// Whether every operation on the device goes through a driver that counts it.
+    counted: bool,
 }
 
 impl CudaStreams {
-    /// An empty table for the device of `context`.
+    /// An empty table for the device of `context`, for device memory used on its own: work
+    /// issued by others is not counted ([`CudaStreams::work_issued`] is `None`).
     pub fn new(context: Arc<CudaContext>) -> Arc<Self> {
+        Self::with_counting(context, false)
+    }
+
+    /// An empty table whose user (the server's driver) counts every operation it issues.
+    pub fn counted(context: Arc<CudaContext>) -> Arc<Self> {
+        Self::with_counting(context, true)
+    }
+
+    fn with_counting(context: Arc<CudaContext>, counted: bool) -> Arc<Self> {
         Arc::new(Self {
             context,
             streams: Mutex::new(HashMap::new()),
+            work: AtomicU64::new(0),
+            counted,
         })
     }
 
@@ -54,6 +73,17 @@ impl CudaStreams {
         })?;
         streams.insert(id, RawStream(raw));
         Ok(raw)
+    }
+
+    /// Counts one operation about to be issued on the device; call before issuing it.
+    pub fn note_work(&self) {
+        self.work.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Operations issued so far (see [`CudaStreams::note_work`]), or `None` when the table's
+    /// user does not count them.
+    pub fn work_issued(&self) -> Option<u64> {
+        self.counted.then(|| self.work.load(Ordering::SeqCst))
     }
 
     /// How many streams exist.

@@ -35,6 +35,22 @@ pub enum LaunchCount<H> {
     Dynamic(EngineResource<H>),
 }
 
+/// How a driver's kernels receive their scalars and metadata (CubeCL's `MetadataBindingInfo`:
+/// scalars, then static metadata, then dynamic metadata from `dynamic_metadata_offset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetadataLayout {
+    /// The driver binds the whole info itself: [`Launch::info`] holds all of it and
+    /// [`Launch::metadata`] is `None` (wgpu: a storage buffer per dispatch).
+    DriverBinding,
+    /// The whole info in a device buffer the server fills: [`Launch::metadata`] holds it,
+    /// [`Launch::info`] is empty (CUDA before sm_70: an `info` pointer after the buffers).
+    DeviceBuffer,
+    /// Scalars and static metadata by value (CUDA `__grid_constant__`, sm_70 on):
+    /// [`Launch::info`] holds them; the dynamic metadata, when there is any, in a device buffer
+    /// the server fills ([`Launch::metadata`]), passed before the info struct.
+    GridConstant,
+}
+
 /// What the server passes to [`Driver::launch`].
 pub struct Launch<'a, D: Driver> {
     /// The compiled kernel, from [`Driver::compile`].
@@ -43,8 +59,14 @@ pub struct Launch<'a, D: Driver> {
     pub count: LaunchCount<<D::Memory as DeviceMemory>::Handle>,
     /// The kernel's buffers in binding order, resolved to segment + offset + size.
     pub buffers: Vec<Resource<D>>,
-    /// Scalars and metadata, packed as CubeCL packs them (`MetadataBindingInfo::data`).
+    /// Scalars and metadata, packed as CubeCL packs them (`MetadataBindingInfo::data`): all of
+    /// it, its static part, or nothing, as the driver's [`MetadataLayout`] says.
     pub info: &'a [u64],
+    /// The metadata the server uploaded to the device for this launch, as the driver's
+    /// [`MetadataLayout`] says (`None` when there is none to pass). The buffer is the launching
+    /// stream's scratch: it is rewritten by the next launch on the stream, after this one in
+    /// stream order, so it needs no lifetime management by the driver.
+    pub metadata: Option<Resource<D>>,
     /// Checked, validated or unchecked execution.
     pub mode: ExecutionMode,
 }
@@ -87,6 +109,12 @@ pub trait Driver: Send + Sized + 'static {
     /// above it is an error before anything is allocated.
     fn max_binding_size(&self) -> Option<u64> {
         None
+    }
+
+    /// How kernels receive their scalars and metadata; the compiler options must agree (e.g.
+    /// CUDA's `grid_constants`). Fixed for the driver's lifetime.
+    fn metadata_layout(&self) -> MetadataLayout {
+        MetadataLayout::DriverBinding
     }
 
     /// Creates the driver state of a new CubeCL stream; `id` is the engine's name for it (the

@@ -44,7 +44,7 @@ pub use crate::cuda::{CachingCudaRuntime, CudaDriver};
 #[cfg(feature = "wgpu")]
 pub use crate::wgpu::{CachingWgpuRuntime, WgpuDriver};
 #[cfg(feature = "runtime")]
-pub use driver::{Driver, Launch, LaunchCount, Resource};
+pub use driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 #[cfg(feature = "runtime")]
 pub use error::DriverError;
 #[cfg(feature = "runtime")]

@@ -1,6 +1,7 @@
 //! A small MLP trains on `Autodiff<CachingCuda>`: the loss falls, reserved memory stops growing
 //! after the first steps, and after everything is dropped and `empty_cache` runs, no memory is
-//! reserved. Skips, saying why, without a CUDA device.
+//! reserved. Ignored by default ("needs a CUDA device"); run with `--include-ignored` (as
+//! `scripts/gpu-check.sh` does) it skips, saying why, without one.
 
 use burn::backend::Autodiff;
 use burn::backend::cuda::CudaDevice;
@@ -9,12 +10,20 @@ use burn_caching_alloc::cuda::cuda_available;
 
 use crate::support::mlp_check::{MlpShape, train_and_check};
 
+/// The CUDA Burn tests share the process's one `CachingCuda` device (and its engine); they
+/// take this lock so that one test's allocations do not show in another's counters.
+pub(crate) static CUDA_DEVICE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
+#[ignore = "needs a CUDA device"]
 fn mlp_trains_on_caching_cuda_and_memory_settles() {
     if let Err(reason) = cuda_available() {
         eprintln!("skipping: {reason}");
         return;
     }
+    let _device = CUDA_DEVICE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let shape = MlpShape {
         hidden: 64,
         batch: 128,

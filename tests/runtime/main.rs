@@ -4,8 +4,9 @@
 //!   the simulated device (no GPU, no feature);
 //! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `trace_wgpu`, `expandable_wgpu` (feature `wgpu`): Burn
 //!   on `CachingWgpu`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
-//! - `burn_mlp_cuda`, `cuda_memory` (feature `cuda`): Burn on `CachingCuda` and `CudaMemory`
-//!   on a real CUDA device; each prints why it skips without one.
+//! - `burn_mlp_cuda`, `cuda_launches`, `cuda_memory` (feature `cuda`): Burn on `CachingCuda`
+//!   and `CudaMemory` on a real CUDA device; ignored by default ("needs a CUDA device"), each
+//!   prints why it skips when run without one (`--include-ignored`).
 //!
 //! Sharing a process: CubeCL keeps one server per device for the whole process, and the
 //! library one engine per device. The wgpu tests all use `WgpuDevice::Cpu` (the only device
@@ -13,8 +14,8 @@
 //! they run one at a time, each leaves the device as it found it (cache emptied, memory
 //! fraction back to 1) and compares cumulative counters as deltas. `trace_wgpu` needs a
 //! variable set before its device first opens, so it runs in a child process of this binary
-//! (`support::child`). The CUDA tests share nothing: `cuda_memory` opens its own `CudaMemory`,
-//! and only `burn_mlp_cuda` uses the registered CUDA device.
+//! (`support::child`). In the CUDA tests, `cuda_memory` opens its own `CudaMemory`; `burn_mlp_cuda`
+//! and `cuda_launches` use the registered CUDA device one at a time (`burn_mlp_cuda::CUDA_DEVICE`).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -32,5 +33,7 @@ mod trace_wgpu;
 
 #[cfg(feature = "cuda")]
 mod burn_mlp_cuda;
+#[cfg(feature = "cuda")]
+mod cuda_launches;
 #[cfg(feature = "cuda")]
 mod cuda_memory;

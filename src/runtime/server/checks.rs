@@ -4,7 +4,7 @@
 
 use cubecl_common::backtrace::BackTrace;
 use cubecl_core::zspace::{Shape, Strides};
-use cubecl_runtime::server::{IoError, ServerError};
+use cubecl_runtime::server::{IoError, LaunchError, ServerError};
 
 use super::super::driver::LaunchCount;
 use crate::runtime::storage::EngineResource;
@@ -78,4 +78,20 @@ fn generic(reason: String) -> ServerError {
         reason,
         backtrace: BackTrace::capture(),
     }
+}
+
+/// Tensor maps (TMA) are not supported: the server binds plain buffers only, and passing a
+/// kernel its maps' buffers without the maps would shift every parameter. The device does not
+/// advertise TMA, so CubeCL does not plan such kernels; one that comes anyway is refused.
+pub(super) fn no_tensor_maps(count: usize) -> Result<(), ServerError> {
+    if count == 0 {
+        return Ok(());
+    }
+    Err(ServerError::Launch(LaunchError::Unknown {
+        reason: format!(
+            "caching allocator: a launch with {count} tensor map(s) (TMA): the caching server \
+             binds plain buffers only and does not advertise TMA"
+        ),
+        backtrace: BackTrace::capture(),
+    }))
 }

@@ -2,11 +2,14 @@
 //!
 //! The server translates CubeCL's calls and owns no placement logic. Its parts, one concern
 //! each:
-//! - `streams`: per CubeCL stream, a [`StreamMemory`](super::StreamMemory) (CubeCL's
-//!   persistent `MemoryManagement` over the engine), the driver's stream state and the errors
-//!   waiting to be reported;
+//! - `streams`: CubeCL stream ids mapped onto bounded slots (`id % max_streams`), per slot a
+//!   [`StreamMemory`](super::StreamMemory) (CubeCL's persistent `MemoryManagement` over the
+//!   engine), the driver's stream state and the errors waiting to be reported;
 //! - `reserve`: a new tensor's slice, with the out-of-memory path across streams;
-//! - `ordering`: cross-stream waits before a stream uses another stream's buffer;
+//! - `ordering`: cross-stream waits before a stream uses another stream's buffer, only when
+//!   the buffer is newer than the two streams' last sync;
+//! - `metadata`: kernel scalars and metadata as the driver takes them, uploaded into a
+//!   per-stream scratch without a device allocation per launch;
 //! - `checks`: what does not depend on the device API (layouts, sizes, empty launches), once
 //!   for every backend;
 //! - `kernels`: the kernel cache;
@@ -17,9 +20,12 @@
 mod checks;
 mod kernels;
 mod layer_usage;
+mod metadata;
 mod ordering;
 mod reserve;
 mod streams;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use checks::is_contiguous;
 pub use layer_usage::CubeclLayerUsage;
@@ -34,6 +40,7 @@ use cubecl_common::stream_id::StreamId as CubeStreamId;
 use cubecl_ir::MemoryDeviceProperties;
 use cubecl_runtime::allocator::ContiguousMemoryLayoutPolicy;
 use cubecl_runtime::compiler::CubeTask;
+use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
 use cubecl_runtime::logging::ServerLogger;
 use cubecl_runtime::memory_management::{
     ManagedMemoryBinding, ManagedMemoryHandle, MemoryAllocationMode, MemoryUsage,
@@ -46,14 +53,14 @@ use cubecl_runtime::storage::ManagedResource;
 use cubecl_runtime::timestamp_profiler::TimestampProfiler;
 use parking_lot::Mutex;
 
-use super::driver::{Driver, Launch, LaunchCount, Resource};
+use super::driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 use super::env::config_from_env;
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
 use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError};
 use crate::device::DeviceMemory;
 use kernels::KernelCache;
-use ordering::{note_producer, order_after};
+use ordering::{BufferUse, note_rewrites, order_after};
 use streams::Streams;
 
 /// A CubeCL compute server over driver `D`, allocating through the caching engine.
@@ -65,6 +72,7 @@ pub struct CachingServer<D: Driver> {
     device: DeviceId,
     allocator: Arc<CachingAllocator<D::Memory>>,
     max_binding_size: Option<u64>,
+    metadata_layout: MetadataLayout,
     streams: Streams<D>,
     kernels: KernelCache<D>,
     profiler: TimestampProfiler,
@@ -77,13 +85,16 @@ impl<D: Driver> core::fmt::Debug for CachingServer<D> {
         f.debug_struct("CachingServer")
             .field("device", &self.device)
             .field("streams", &self.streams.len())
+            .field("max_streams", &self.streams.max_streams())
             .field("kernels", &self.kernels.len())
             .finish()
     }
 }
 
 impl<D: Driver> CachingServer<D> {
-    /// A server over an opened driver, with an engine configured by `config`.
+    /// A server over an opened driver, with an engine configured by `config`. CubeCL stream
+    /// ids map onto `streaming.max_streams` slots of CubeCL's configuration (128 by default),
+    /// as on CubeCL's own servers.
     pub fn new(mut driver: D, device: DeviceId, config: AllocatorConfig) -> Self {
         let properties = driver.properties();
         let memory_properties: MemoryDeviceProperties = properties.memory.clone();
@@ -99,9 +110,11 @@ impl<D: Driver> CachingServer<D> {
         let layout = ContiguousMemoryLayoutPolicy::new(memory_properties.alignment as usize);
         let logger = Arc::new(ServerLogger::default());
         let utilities = ServerUtilities::new(properties, logger, driver.info(), layout);
+        let max_streams = CubeClRuntimeConfig::get().streaming.max_streams as usize;
         Self {
             max_binding_size: driver.max_binding_size(),
-            streams: Streams::new(allocator.clone(), memory_properties),
+            metadata_layout: driver.metadata_layout(),
+            streams: Streams::new(allocator.clone(), memory_properties, max_streams),
             driver,
             device,
             allocator,
@@ -110,6 +123,26 @@ impl<D: Driver> CachingServer<D> {
             cubecl_usage,
             utilities: Arc::new(utilities),
         }
+    }
+
+    /// The same server with CubeCL stream ids mapped onto `max_streams` slots (at least one):
+    /// threads whose ids share a slot share its driver stream and its cached memory. Only
+    /// before the server's first use; afterwards the bound stays.
+    pub fn with_max_streams(mut self, max_streams: usize) -> Self {
+        if !self.streams.set_max_streams(max_streams) {
+            log::warn!("caching allocator: max_streams is fixed once a stream was used");
+        }
+        self
+    }
+
+    /// How many slots CubeCL stream ids map onto.
+    pub fn max_streams(&self) -> usize {
+        self.streams.max_streams()
+    }
+
+    /// How many stream slots have been used (each one a driver stream and an engine stream).
+    pub fn streams_in_use(&self) -> usize {
+        self.streams.len()
     }
 
     /// The engine this server allocates through.
@@ -134,9 +167,16 @@ impl<D: Driver> CachingServer<D> {
     fn order_after(
         &mut self,
         consumer: CubeStreamId,
-        producers: &[CubeStreamId],
+        uses: &[BufferUse],
     ) -> Result<(), ServerError> {
-        order_after(&mut self.driver, &mut self.streams, consumer, producers)
+        order_after(&mut self.driver, &mut self.streams, consumer, uses)
+    }
+
+    /// Counts one more operation issued on `stream`'s slot; returns the new cursor.
+    fn advance(&mut self, stream: CubeStreamId) -> u64 {
+        let stream = self.streams.get(&mut self.driver, stream);
+        stream.cursor += 1;
+        stream.cursor
     }
 
     /// Resolves a binding through the manager of the stream that created it.
@@ -161,6 +201,19 @@ impl<D: Driver> CachingServer<D> {
             binding.offset_start,
             binding.offset_end,
         )
+    }
+
+    /// Resolves a binding and tells which stream produced it, and when.
+    fn resolve_use(&mut self, binding: Binding) -> Result<(Resource<D>, BufferUse), IoError> {
+        let stream = binding.stream;
+        let cursor = self
+            .streams
+            .get(&mut self.driver, stream)
+            .memory
+            .manager()
+            .get_cursor(binding.memory.clone())?;
+        let resource = self.resolve_binding(binding)?;
+        Ok((resource, BufferUse { stream, cursor }))
     }
 
     /// Sums CubeCL's view over all streams and refreshes the registry's copy.
@@ -233,11 +286,12 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
             stream_id,
         );
         let bound = reserved.and_then(|reserved| {
+            let cursor = self.advance(stream_id);
             self.streams
                 .get(&mut self.driver, stream_id)
                 .memory
                 .manager()
-                .bind(reserved, memory, 0)
+                .bind(reserved, memory, cursor)
                 .map_err(ServerError::Io)
         });
         if let Err(err) = bound {
@@ -262,19 +316,21 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
             return ready(Err(err));
         }
         let mut sources = Vec::with_capacity(descriptors.len());
-        let mut producers = Vec::new();
+        let mut uses = Vec::with_capacity(descriptors.len());
         for desc in descriptors {
             if let Err(err) = checks::contiguous(&desc.shape, &desc.strides) {
                 return ready(Err(err.into()));
             }
             let bytes = desc.shape.iter().product::<usize>() * desc.elem_size;
-            note_producer(&mut producers, desc.handle.stream);
-            match self.resolve_binding(desc.handle) {
-                Ok(resource) => sources.push((resource, bytes)),
+            match self.resolve_use(desc.handle) {
+                Ok((resource, used)) => {
+                    sources.push((resource, bytes));
+                    uses.push(used);
+                }
                 Err(err) => return ready(Err(err.into())),
             }
         }
-        if let Err(err) = self.order_after(stream_id, &producers) {
+        if let Err(err) = self.order_after(stream_id, &uses) {
             return ready(Err(err));
         }
         let (driver, driver_stream) = self.split(stream_id);
@@ -302,10 +358,12 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         binding: Binding,
         stream_id: CubeStreamId,
     ) -> Result<ManagedResource<Resource<D>>, ServerError> {
-        let producer = binding.stream;
         let memory = binding.memory.clone();
-        let resource = self.resolve_binding(binding)?;
-        self.order_after(stream_id, &[producer])?;
+        let (resource, used) = self.resolve_use(binding)?;
+        self.order_after(stream_id, &[used])?;
+        // The caller may write the buffer: as a launch would.
+        note_rewrites(&mut self.streams, stream_id, &[used]);
+        self.advance(stream_id);
         let (driver, driver_stream) = self.split(stream_id);
         driver.flush(driver_stream)?;
         Ok(ManagedResource::new(memory, resource))
@@ -351,7 +409,11 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
             if let Err(err) = driver.flush(driver_stream) {
                 self.push_error(id, err);
             }
-            self.streams.get(&mut self.driver, id).memory.reclaim();
+            let stream = self.streams.get(&mut self.driver, id);
+            // The metadata scratch too: after `empty_cache` nothing is allocated. The next
+            // launch with metadata reserves it again.
+            stream.metadata = None;
+            stream.memory.reclaim();
         }
         if let Err(err) = self.allocator.empty_cache() {
             log::error!("caching allocator: empty_cache failed: {err}");
@@ -390,19 +452,21 @@ impl<D: Driver> CachingServer<D> {
         stream_id: CubeStreamId,
     ) -> Result<(), ServerError> {
         checks::contiguous(&desc.shape, &desc.strides)?;
-        let producer = desc.handle.stream;
-        let resource = self.resolve_binding(desc.handle)?;
+        let (resource, used) = self.resolve_use(desc.handle)?;
         if data.is_empty() {
             return Ok(());
         }
         checks::write_fits(data.len(), resource.size)?;
-        self.order_after(stream_id, &[producer])?;
+        self.order_after(stream_id, &[used])?;
+        note_rewrites(&mut self.streams, stream_id, &[used]);
+        self.advance(stream_id);
         let (driver, driver_stream) = self.split(stream_id);
         driver.write(driver_stream, &resource, data)
     }
 
     /// One launch: the kernel from the cache, its buffers resolved and ordered after their
-    /// producers, then issued unless it runs nothing.
+    /// producers, its metadata split as the driver takes it, then issued unless it runs
+    /// nothing.
     ///
     /// # Safety
     /// As [`ComputeServer::launch`]: in unchecked mode the kernel may access memory out of
@@ -415,6 +479,7 @@ impl<D: Driver> CachingServer<D> {
         mode: ExecutionMode,
         stream_id: CubeStreamId,
     ) -> Result<(), ServerError> {
+        checks::no_tensor_maps(args.tensor_maps.len())?;
         let compiled = self
             .kernels
             .get(
@@ -426,17 +491,18 @@ impl<D: Driver> CachingServer<D> {
             )
             .map_err(ServerError::Launch)?;
 
-        let mut producers = Vec::new();
+        let mut uses = Vec::with_capacity(args.buffers.len() + 1);
         let mut buffers = Vec::with_capacity(args.buffers.len());
         for binding in args.buffers {
-            note_producer(&mut producers, binding.stream);
-            buffers.push(self.resolve_binding(binding)?);
+            let (resource, used) = self.resolve_use(binding)?;
+            buffers.push(resource);
+            uses.push(used);
         }
         let count = match count {
             CubeCount::Static(x, y, z) => LaunchCount::Static(x, y, z),
             CubeCount::Dynamic(binding) => {
-                note_producer(&mut producers, binding.stream);
-                let resource = self.resolve_binding(binding)?;
+                let (resource, used) = self.resolve_use(binding)?;
+                uses.push(used);
                 checks::dynamic_count(&resource)?;
                 LaunchCount::Dynamic(resource)
             }
@@ -444,13 +510,32 @@ impl<D: Driver> CachingServer<D> {
         if checks::runs_nothing(&count) {
             return Ok(());
         }
-        self.order_after(stream_id, &producers)?;
+        self.order_after(stream_id, &uses)?;
+        // Any buffer of a launch may be written (CubeCL does not say which).
+        note_rewrites(&mut self.streams, stream_id, &uses);
 
+        let info = metadata::split(
+            self.metadata_layout,
+            &args.info.data,
+            args.info.dynamic_metadata_offset,
+        );
+        let uploaded = match info.upload {
+            Some(values) => Some(metadata::upload(
+                &mut self.driver,
+                &mut self.streams,
+                self.max_binding_size,
+                stream_id,
+                values,
+            )?),
+            None => None,
+        };
+        self.advance(stream_id);
         let launch = Launch {
             kernel: compiled.as_ref(),
             count,
             buffers,
-            info: &args.info.data,
+            info: info.inline,
+            metadata: uploaded,
             mode,
         };
         let (driver, driver_stream) = self.split(stream_id);

@@ -1,5 +1,13 @@
-//! The server's stream table: per CubeCL stream, the CubeCL memory manager over the engine, the
-//! driver's stream state, and the errors waiting to be reported.
+//! The server's stream table: per stream slot, the CubeCL memory manager over the engine, the
+//! driver's stream state, the cross-stream sync points, the metadata scratch, and the errors
+//! waiting to be reported.
+//!
+//! CubeCL names a stream after the thread that uses it, so every new thread (a data-loader
+//! worker, a test thread) brings a new [`CubeStreamId`]. As in cubecl-runtime's `StreamPool`,
+//! ids map onto a bounded number of slots, `id % max_streams`: threads beyond that share a
+//! slot, its driver stream, its engine stream and the memory cached there, instead of each
+//! leaving a stream and its cache behind. The default bound is CubeCL's own
+//! (`streaming.max_streams` of CubeCL's configuration, 128).
 //!
 //! CubeCL 0.10's `initialize_memory`, `write` and `launch` cannot return errors, so a failure
 //! there is kept on its stream and returned by the next `read`, `sync` or `flush` of that
@@ -11,78 +19,135 @@ use std::sync::Arc;
 use cubecl_common::backtrace::BackTrace;
 use cubecl_common::stream_id::StreamId as CubeStreamId;
 use cubecl_ir::MemoryDeviceProperties;
-use cubecl_runtime::server::ServerError;
+use cubecl_runtime::server::{Handle, ServerError};
 
 use super::super::driver::Driver;
 use super::super::stream_memory::{ReclaimPolicy, StreamMemory};
+use super::ordering::SyncPoints;
 use crate::alloc::CachingAllocator;
 use crate::device::StreamId;
 
-/// One CubeCL stream on the server.
+/// The slot of CubeCL stream `id` among `max_streams` (cubecl-runtime's `stream_index`).
+pub(crate) fn slot(id: CubeStreamId, max_streams: usize) -> usize {
+    (id.value % max_streams.max(1) as u64) as usize
+}
+
+/// The launching stream's device buffer for uploaded kernel metadata (see `metadata`).
+pub(super) struct MetadataScratch {
+    pub(super) handle: Handle,
+    pub(super) capacity: u64,
+}
+
+/// One stream slot on the server.
 pub(super) struct ServerStream<D: Driver> {
     pub(super) memory: StreamMemory<D::Memory>,
     pub(super) driver: D::Stream,
+    /// Operations issued on this stream so far (reservations, writes, launches): a buffer
+    /// bound at cursor `c` is complete for a consumer that synced with this stream at `c` or
+    /// later.
+    pub(super) cursor: u64,
+    /// The cursor of each other slot this stream last waited for.
+    pub(super) synced: SyncPoints,
+    pub(super) metadata: Option<MetadataScratch>,
     errors: Vec<ServerError>,
 }
 
-/// Every stream the server has seen, created on first use.
+/// Every stream slot the server has used, created on first use.
 pub(super) struct Streams<D: Driver> {
     allocator: Arc<CachingAllocator<D::Memory>>,
     memory_properties: MemoryDeviceProperties,
-    streams: HashMap<CubeStreamId, ServerStream<D>>,
+    max_streams: usize,
+    streams: HashMap<usize, ServerStream<D>>,
 }
 
 impl<D: Driver> Streams<D> {
     pub(super) fn new(
         allocator: Arc<CachingAllocator<D::Memory>>,
         memory_properties: MemoryDeviceProperties,
+        max_streams: usize,
     ) -> Self {
         Self {
             allocator,
             memory_properties,
+            max_streams: max_streams.max(1),
             streams: HashMap::new(),
         }
     }
 
-    /// The stream `id`, created (with its driver state from `driver`) on first use.
+    /// How many slots CubeCL stream ids map onto.
+    pub(super) fn max_streams(&self) -> usize {
+        self.max_streams
+    }
+
+    /// Changes the bound; only before the first stream is used (the mapping must not change
+    /// under live buffers).
+    pub(super) fn set_max_streams(&mut self, max_streams: usize) -> bool {
+        if !self.streams.is_empty() {
+            return false;
+        }
+        self.max_streams = max_streams.max(1);
+        true
+    }
+
+    /// The slot of CubeCL stream `id`.
+    pub(super) fn slot(&self, id: CubeStreamId) -> usize {
+        slot(id, self.max_streams)
+    }
+
+    /// The stream of `id`'s slot, created (with its driver state from `driver`) on first use.
     pub(super) fn get(&mut self, driver: &mut D, id: CubeStreamId) -> &mut ServerStream<D> {
+        let slot = self.slot(id);
+        self.get_slot(driver, slot)
+    }
+
+    /// The stream of `slot`, created on first use.
+    pub(super) fn get_slot(&mut self, driver: &mut D, slot: usize) -> &mut ServerStream<D> {
         let allocator = &self.allocator;
         let properties = &self.memory_properties;
-        self.streams.entry(id).or_insert_with(|| {
+        self.streams.entry(slot).or_insert_with(|| {
             // A recording engine sees every tensor: see `ReclaimPolicy::EveryReserve`.
             let policy = if allocator.config().record_history {
                 ReclaimPolicy::EveryReserve
             } else {
                 ReclaimPolicy::Amortised
             };
-            let engine_stream = StreamId(id.value);
+            let engine_stream = StreamId(slot as u64);
             ServerStream {
                 memory: StreamMemory::new(allocator.clone(), engine_stream, properties)
                     .with_policy(policy),
                 driver: driver.create_stream(engine_stream),
+                cursor: 0,
+                synced: SyncPoints::default(),
+                metadata: None,
                 errors: Vec::new(),
             }
         })
     }
 
-    /// Every stream's id, for calls that visit them all.
+    /// Every used slot, as a CubeCL stream id that maps onto it, for calls that visit them all.
     pub(super) fn ids(&self) -> Vec<CubeStreamId> {
-        self.streams.keys().copied().collect()
+        self.streams
+            .keys()
+            .map(|slot| CubeStreamId {
+                value: *slot as u64,
+            })
+            .collect()
     }
 
-    /// How many streams exist.
+    /// How many slots are in use.
     pub(super) fn len(&self) -> usize {
         self.streams.len()
     }
 
-    /// Every stream but `except`.
+    /// Every stream but the slot of `except`.
     pub(super) fn others(
         &mut self,
         except: CubeStreamId,
     ) -> impl Iterator<Item = &mut ServerStream<D>> {
+        let except = self.slot(except);
         self.streams
             .iter_mut()
-            .filter(move |(id, _)| **id != except)
+            .filter(move |(slot, _)| **slot != except)
             .map(|(_, stream)| stream)
     }
 
@@ -111,5 +176,21 @@ impl<D: Driver> Streams<D> {
                 backtrace: BackTrace::capture(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_ids_map_onto_bounded_slots_as_cubecl_does() {
+        // cubecl-runtime's `stream_index`: `id % max_streams`.
+        let id = |value| CubeStreamId { value };
+        assert_eq!(slot(id(0), 4), 0);
+        assert_eq!(slot(id(5), 4), 1);
+        assert_eq!(slot(id(1_000_003), 128), 1_000_003 % 128);
+        // A bound of zero would divide by zero: it is one slot.
+        assert_eq!(slot(id(7), 0), 0);
     }
 }
