@@ -8,11 +8,16 @@ mod drop;
 mod errors;
 mod layout;
 mod miss_path;
+mod oom_report;
 mod props;
 mod rounding;
+mod snapshot_pickle;
 mod stats;
 mod streams;
 mod threads;
+mod viewer_html;
 
 #[path = "../support/child.rs"]
 mod child;
+#[path = "../support/ci.rs"]
+mod ci;

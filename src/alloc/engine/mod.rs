@@ -22,11 +22,13 @@ mod snapshot;
 
 use crate::alloc::block::{BlockId, BlockState, Blocks};
 use crate::alloc::config::AllocatorConfig;
-use crate::alloc::error::AllocError;
+use crate::alloc::error::{AllocError, OomDiagnosis, OomNumbers};
 use crate::alloc::free_list::FreeList;
+use crate::alloc::history::{History, HistoryEntry, HistoryOptions};
 use crate::alloc::size::{
     MIN_BLOCK_SIZE, PoolKind, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size,
 };
+use crate::alloc::stack::Stack;
 use crate::alloc::units::MIB;
 use events::PendingFree;
 
@@ -34,7 +36,7 @@ use events::PendingFree;
 /// stream); larger free blocks live in an ordered map.
 const LARGE_CLASS_LIMIT: u64 = 32 * MIB;
 use crate::alloc::stats::MemoryStats;
-use crate::alloc::trace::{TraceEvent, TraceRing};
+use crate::alloc::trace::TraceEvent;
 use crate::device::{DeviceMemory, StreamId};
 
 pub(crate) struct Engine<D: DeviceMemory> {
@@ -45,7 +47,7 @@ pub(crate) struct Engine<D: DeviceMemory> {
     large: FreeList,
     pending: Vec<PendingFree<D::Event>>,
     stats: MemoryStats,
-    history: Option<TraceRing>,
+    history: Option<History>,
     /// Logical time: one tick per request.
     clock: u64,
     next_allocation_id: u64,
@@ -76,9 +78,11 @@ pub(crate) enum Growth {
 
 impl<D: DeviceMemory> Engine<D> {
     pub fn new(device: D, config: AllocatorConfig) -> Self {
-        let history = config
-            .record_history
-            .then(|| TraceRing::new(config.history_capacity));
+        let history = History::new(if config.record_history {
+            HistoryOptions::trace(config.history_capacity)
+        } else {
+            HistoryOptions::off()
+        });
         let stats = MemoryStats {
             max_split_size: config.max_split_size.unwrap_or(u64::MAX),
             ..MemoryStats::default()
@@ -172,19 +176,67 @@ impl<D: DeviceMemory> Engine<D> {
 
     pub fn record(&mut self, event: impl FnOnce() -> TraceEvent) {
         if let Some(history) = &mut self.history {
-            history.push(event());
+            history.record(event());
         }
     }
 
     pub fn set_history(&mut self, enabled: bool) {
-        self.config.record_history = enabled;
-        if enabled {
-            if self.history.is_none() {
-                self.history = Some(TraceRing::new(self.config.history_capacity));
-            }
-        } else {
-            self.history = None;
+        if enabled && self.history.is_some() {
+            return;
         }
+        let options = if enabled {
+            HistoryOptions::trace(self.config.history_capacity)
+        } else {
+            HistoryOptions::off()
+        };
+        self.set_history_options(options);
+    }
+
+    /// Starts recording with `options` (a fresh ring, seeded with the blocks and segments
+    /// live now, so later frees match), or stops recording.
+    pub fn set_history_options(&mut self, options: HistoryOptions) {
+        self.config.record_history = options.enabled == crate::alloc::history::RecordMode::All;
+        self.history = History::new(options);
+        let Some(history) = &mut self.history else {
+            return;
+        };
+        for (_, segment) in self.blocks.segments.iter() {
+            history.seed_segment(segment.address, segment.stream.0);
+        }
+        for (_, block) in self.blocks.blocks.iter() {
+            if block.state != BlockState::Inactive {
+                let segment = &self.blocks.segments[block.segment];
+                history.seed_block(
+                    block.allocation_id,
+                    segment.address + block.offset,
+                    block.requested,
+                    block.size,
+                    segment.stream.0,
+                );
+            }
+        }
+    }
+
+    /// The options history is recorded with (off when not recording).
+    pub fn history_options(&self) -> HistoryOptions {
+        self.history
+            .as_ref()
+            .map_or_else(HistoryOptions::off, |h| h.options())
+    }
+
+    /// The stack of the request about to be served (`None` after it).
+    pub fn set_request_stack(&mut self, stack: Option<Stack>) {
+        if let Some(history) = &mut self.history {
+            history.set_request_stack(stack);
+        }
+    }
+
+    /// The history in PyTorch's terms, oldest first (empty when not recording a trace).
+    pub fn history_entries(&self) -> Vec<HistoryEntry> {
+        self.history
+            .as_ref()
+            .map(|h| h.entries())
+            .unwrap_or_default()
     }
 
     /// The device's total memory (asked once; `None` if the device cannot say).
@@ -323,21 +375,60 @@ impl<D: DeviceMemory> Engine<D> {
         self.release_cached_blocks()
     }
 
+    /// The out-of-memory error for a request of `size` bytes, with the numbers that explain
+    /// it: PyTorch's, the largest free block, the free bytes in blocks too small for the
+    /// request, and the configuration that would help.
     fn out_of_memory(&mut self, size: u64, stream: StreamId) -> AllocError {
         self.stats.num_ooms += 1;
+        let info = self.device.memory_info().ok();
+        let device_free = info.map_or(0, |i| i.free);
+        let (rounded, _) = self.block_for(size);
+        let (mut largest_free_block, mut fragmented, mut fragmented_large) = (0, 0, 0);
+        for (_, block) in self.blocks.blocks.iter() {
+            if block.state != BlockState::Inactive {
+                continue;
+            }
+            largest_free_block = largest_free_block.max(block.size);
+            if block.size < rounded {
+                fragmented += block.size;
+                if self.blocks.segments[block.segment].pool == PoolKind::Large {
+                    fragmented_large += block.size;
+                }
+            }
+        }
         self.record(|| TraceEvent::Oom {
             size,
             stream: stream.0,
+            rounded,
+            device_free,
         });
-        let info = self.device.memory_info().ok();
+        let numbers = OomNumbers {
+            rounded,
+            device_free,
+            fragmented,
+            fragmented_large,
+            max_split_size_set: self.config.max_split_size.is_some(),
+            garbage_collection_threshold_set: self.config.garbage_collection_threshold.is_some(),
+            expandable_segments_set: false,
+            earlier_flushes: self
+                .stats
+                .num_alloc_retries
+                .saturating_sub(self.stats.num_ooms),
+        };
         let allocated = self.stats.memory_allocated();
         AllocError::OutOfMemory {
             requested: size,
             allocated,
             reserved_unallocated: self.stats.memory_reserved() - allocated,
-            device_free: info.map_or(0, |i| i.free),
+            device_free,
             device_total: info.map_or(0, |i| i.total),
             limit: self.fraction_limit(),
+            diagnosis: Box::new(OomDiagnosis {
+                rounded,
+                largest_free_block,
+                fragmented,
+                advice: numbers.advice(),
+            }),
         }
     }
 }

@@ -25,6 +25,13 @@ impl<D: DeviceMemory> Engine<D> {
                             state: block.state,
                             allocation_id: (block.state == BlockState::ActiveAllocated)
                                 .then_some(block.allocation_id),
+                            stack: (block.state != BlockState::Inactive)
+                                .then(|| {
+                                    self.history
+                                        .as_ref()
+                                        .and_then(|h| h.block_stack(block.allocation_id))
+                                })
+                                .flatten(),
                         }
                     })
                     .collect();
@@ -40,6 +47,10 @@ impl<D: DeviceMemory> Engine<D> {
                     stream: segment.stream.0,
                     pool: segment.pool,
                     blocks,
+                    stack: self
+                        .history
+                        .as_ref()
+                        .and_then(|h| h.segment_stack(segment.address)),
                 }
             })
             .collect();
@@ -49,6 +60,7 @@ impl<D: DeviceMemory> Engine<D> {
             stats: self.stats.clone(),
             config: self.config.clone(),
             trace: self.history.as_ref().map(|h| h.to_trace()),
+            history: self.history_entries(),
         }
     }
 }
