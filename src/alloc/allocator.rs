@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -87,6 +87,8 @@ pub struct CachingAllocator<D: DeviceMemory> {
     stack_context: AtomicU8,
     oom_observers: Mutex<Vec<OomObserver>>,
     oom_snapshot: Mutex<Option<PathBuf>>,
+    /// The device ordinal PyTorch-format snapshots name (`device`, `device_traces` index).
+    device_index: AtomicU32,
 }
 
 /// A callback run when a request fails with out-of-memory (see
@@ -114,6 +116,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             stack_context: AtomicU8::new(0),
             oom_observers: Mutex::new(Vec::new()),
             oom_snapshot: Mutex::new(None),
+            device_index: AtomicU32::new(0),
         }
     }
 
@@ -306,7 +309,13 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// format of `torch.cuda.memory._dump_snapshot` (PyTorch's `_memory_viz.py` and
     /// <https://pytorch.org/memory_viz> open it). Stacks are resolved now, outside the lock.
     pub fn dump_snapshot(&self, path: impl AsRef<Path>) -> Result<(), InspectError> {
-        inspect::write_torch_snapshot(&self.snapshot(), 0, path.as_ref())
+        let device = self.device_index.load(Ordering::Relaxed);
+        inspect::write_torch_snapshot(&self.snapshot(), device, path.as_ref())
+    }
+
+    /// Sets the device ordinal snapshots name (0 until set; the runtimes set their device's).
+    pub fn set_device_index(&self, index: u32) {
+        self.device_index.store(index, Ordering::Relaxed);
     }
 
     /// Writes the offline viewer of the current snapshot to `path`: one self-contained HTML

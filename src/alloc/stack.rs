@@ -42,15 +42,13 @@ impl Stack {
     }
 }
 
-/// Whether `frame` is the allocator's own, between the caller and the capture (its public
-/// entry points, the engine): dropped from the innermost end of every stack. Inlined frames
-/// carry short names, so the file decides too.
+/// Whether `frame` is one of the allocator's public entry points (`malloc`, `free`, ...),
+/// which sit between the caller and the capture.
 fn is_allocator_frame(frame: &Frame) -> bool {
-    let name = frame.name.trim_start_matches('<');
-    name.starts_with("burn_caching_alloc::alloc::allocator::")
-        || name.starts_with("burn_caching_alloc::alloc::engine::")
-        || frame.filename.ends_with("alloc/allocator.rs")
-        || frame.filename.contains("alloc/engine/")
+    frame
+        .name
+        .trim_start_matches('<')
+        .starts_with("burn_caching_alloc::alloc::allocator::")
 }
 
 /// Resolves [`Stack`]s into [`Frame`]s, each address once.
@@ -71,13 +69,18 @@ impl StackResolver {
         for &address in stack.0.iter() {
             frames.extend(self.resolve(address).iter().cloned());
         }
-        // Everything up to `Stack::capture` is the unwinder's; then the allocator's own frames.
+        // Everything up to `Stack::capture` is the unwinder's, and everything up to the
+        // allocator's entry point the allocator's own (inlined helpers included).
         let capture = frames
             .iter()
             .rposition(|f| f.name.contains("alloc::stack::Stack::capture"))
             .map_or(0, |i| i + 1);
         frames.drain(..capture);
-        let own = frames.iter().take_while(|f| is_allocator_frame(f)).count();
+        let own = frames
+            .iter()
+            .take(8)
+            .rposition(is_allocator_frame)
+            .map_or(0, |i| i + 1);
         frames.drain(..own);
         frames
     }

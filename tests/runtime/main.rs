@@ -2,7 +2,7 @@
 //!
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
-//! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on `CachingWgpu`,
+//! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `history_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on `CachingWgpu`,
 //!   on the wgpu CPU adapter (Mesa's lavapipe in CI);
 //! - `burn_mlp_cuda`, `cuda_memory` (feature `cuda`): Burn on `CachingCuda` and `CudaMemory`
 //!   on a real CUDA device; each prints why it skips without one.
@@ -25,6 +25,8 @@ mod storage;
 mod burn_mlp_wgpu;
 #[cfg(feature = "wgpu")]
 mod burn_oom_wgpu;
+#[cfg(feature = "wgpu")]
+mod history_wgpu;
 #[cfg(feature = "wgpu")]
 mod trace_wgpu;
 

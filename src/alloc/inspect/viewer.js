@@ -81,7 +81,7 @@
   }
   data.layers.forEach(([name, bytes], i) => {
     node('line', { x1: W - 60, x2: W - 10, y1: y(bytes), y2: y(bytes), class: 'layer layer' + i, 'data-bytes': bytes }, tl, true);
-    node('text', { x: W - 64, y: y(bytes) - 3, class: 'tick', 'text-anchor': 'end', text: name + ' (now): ' + human(bytes) }, tl, true);
+    node('text', { x: W - 64, y: y(bytes) - 3 - 12 * i, class: 'tick', 'text-anchor': 'end', text: name + ' (now): ' + human(bytes) }, tl, true);
   });
   const cursor = node('line', { x1: 0, x2: 0, y1: 10, y2: H, class: 'cursor' }, tl, true);
   const readout = node('text', { x: L + 6, y: 22, class: 'readout', text: '' }, tl, true);
@@ -135,6 +135,11 @@
       r.addEventListener('click', () => show(seg, b));
     }
   });
+  // `#select=S:B` opens block B of segment S (links and screenshots).
+  const selected = /^#select=(\d+):(\d+)$/.exec(window.location.hash);
+  if (selected && segs[+selected[1]] && segs[+selected[1]].blocks[+selected[2]]) {
+    show(segs[+selected[1]], segs[+selected[1]].blocks[+selected[2]]);
+  }
   if (segs.length === 0) {
     node('text', { x: 0, y: 15, class: 'seglabel', text: 'no segments: the allocator holds no device memory' }, map, true);
   }
