@@ -87,6 +87,12 @@ impl HistoryOptions {
         }
     }
 
+    /// The same options with `enabled` saying what is recorded.
+    pub fn with_enabled(mut self, enabled: RecordMode) -> Self {
+        self.enabled = enabled;
+        self
+    }
+
     /// The same options with `context` for stacks.
     pub fn with_context(mut self, context: StackContext) -> Self {
         self.context = context;

@@ -54,6 +54,7 @@ fn fragmented_free_memory_is_measured_and_points_at_expandable_segments_and_max_
         [OomAdvice::ExpandableSegments, OomAdvice::MaxSplitSize]
     );
     let message = err.to_string();
+    println!("{message}");
     for part in [
         "tried to allocate 12.00 MiB",
         "the largest free block is 9.00 MiB",

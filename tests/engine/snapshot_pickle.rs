@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use burn_caching_alloc::alloc::{
-    AllocError, CachingAllocator, HistoryOptions, StackContext, TraceAction,
+    AllocError, CachingAllocator, HistoryOptions, RecordMode, StackContext, TraceAction,
 };
 use burn_caching_alloc::device::sim::SimDevice;
 
@@ -229,10 +229,11 @@ fn history_entries_carry_pytorchs_fields() {
 #[test]
 fn state_only_recording_keeps_block_stacks_and_no_trace() {
     let (alloc, _device) = allocator(256 * MIB, "");
-    let options = HistoryOptions::default().with_context(StackContext::State);
-    let mut options = options;
-    options.enabled = burn_caching_alloc::alloc::RecordMode::State;
-    alloc.record_memory_history(options);
+    alloc.record_memory_history(
+        HistoryOptions::default()
+            .with_enabled(RecordMode::State)
+            .with_context(StackContext::State),
+    );
     let a = alloc.malloc(4096, S0).expect("fits");
     let snapshot = alloc.snapshot();
     assert!(snapshot.history.is_empty());

@@ -94,7 +94,13 @@ impl Stacks {
             .resolver
             .frames(stack)
             .into_iter()
-            .map(|f| format!("{}:{}:{}", f.filename, f.line, f.name))
+            .map(|f| {
+                if f.line == 0 {
+                    f.name
+                } else {
+                    format!("{}  ({}:{})", f.name, f.filename, f.line)
+                }
+            })
             .collect();
         let next = self.list.len();
         let id = *self.index.entry(frames.clone()).or_insert(next);
