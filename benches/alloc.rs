@@ -1,8 +1,12 @@
 //! Steady-state malloc + free pairs on the simulated device, for a small, a large and a
 //! mixed size distribution. Every size is served from cache after the warm-up, so this
-//! measures the engine's own CPU cost per pair.
+//! measures the engine's own CPU cost per pair. `history` measures the same pairs (mixed
+//! sizes) with history recording off, on without stacks, and on with a stack per allocation
+//! (`record_memory_history`): the cost of recording per allocation.
 
-use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
+use burn_caching_alloc::alloc::{
+    AllocatorConfig, CachingAllocator, HistoryOptions, MIB, StackContext,
+};
 use burn_caching_alloc::device::StreamId;
 use burn_caching_alloc::device::sim::SimDevice;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -56,5 +60,35 @@ fn steady_state(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, steady_state);
+fn history(c: &mut Criterion) {
+    let mut group = c.benchmark_group("malloc_free_pair_history");
+    let sizes = sizes("mixed", 1024);
+    let trace = HistoryOptions::trace(1 << 16);
+    let variants = [
+        ("off", HistoryOptions::off()),
+        ("trace", trace),
+        ("trace_and_stacks", trace.with_context(StackContext::Alloc)),
+    ];
+    for (name, options) in variants {
+        let alloc = CachingAllocator::new(SimDevice::new(1 << 40), AllocatorConfig::default());
+        alloc.record_memory_history(options);
+        let stream = StreamId::default();
+        for &s in &sizes {
+            let a = alloc.malloc(s, stream).unwrap();
+            alloc.free(a).unwrap();
+        }
+        group.throughput(Throughput::Elements(1));
+        group.bench_with_input(BenchmarkId::from_parameter(name), &sizes, |b, sizes| {
+            let mut i = 0;
+            b.iter(|| {
+                let a = alloc.malloc(sizes[i % sizes.len()], stream).unwrap();
+                alloc.free(a).unwrap();
+                i += 1;
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, steady_state, history);
 criterion_main!(benches);

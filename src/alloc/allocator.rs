@@ -1,6 +1,8 @@
 //! The public, thread-safe caching allocator.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -8,7 +10,10 @@ use super::block::BlockId;
 use super::config::{AllocatorConfig, ConfigError, validate_memory_fraction};
 use super::engine::{Engine, Growth};
 use super::error::AllocError;
+use super::history::{HistoryOptions, StackContext};
+use super::inspect::{self, InspectError, ViewerLayer};
 use super::snapshot::Snapshot;
+use super::stack::Stack;
 use super::stats::MemoryStats;
 use super::summary::summary;
 use super::trace::Trace;
@@ -77,6 +82,29 @@ impl<H> Allocation<H> {
 pub struct CachingAllocator<D: DeviceMemory> {
     id: u64,
     engine: Mutex<Engine<D>>,
+    /// The recording's stack context (0: no stacks, then `State`, `Alloc`, `All`), read
+    /// before locking so that a stack is captured outside the lock.
+    stack_context: AtomicU8,
+    oom_observers: Mutex<Vec<OomObserver>>,
+    oom_snapshot: Mutex<Option<PathBuf>>,
+    /// The device ordinal PyTorch-format snapshots name (`device`, `device_traces` index).
+    device_index: AtomicU32,
+}
+
+/// A callback run when a request fails with out-of-memory (see
+/// [`CachingAllocator::on_out_of_memory`]).
+pub type OomObserver = Arc<dyn Fn(&AllocError) + Send + Sync>;
+
+fn context_level(options: &HistoryOptions) -> u8 {
+    if !options.captures_stacks() {
+        return 0;
+    }
+    match options.context {
+        StackContext::Off => 0,
+        StackContext::State => 1,
+        StackContext::Alloc => 2,
+        StackContext::All => 3,
+    }
 }
 
 impl<D: DeviceMemory> CachingAllocator<D> {
@@ -85,6 +113,33 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         Self {
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
             engine: Mutex::new(Engine::new(device, config)),
+            stack_context: AtomicU8::new(0),
+            oom_observers: Mutex::new(Vec::new()),
+            oom_snapshot: Mutex::new(None),
+            device_index: AtomicU32::new(0),
+        }
+    }
+
+    /// A stack of the caller when the recording keeps stacks for `context` or more.
+    fn capture_stack(&self, context: u8) -> Option<Stack> {
+        let level = self.stack_context.load(Ordering::Relaxed);
+        (level != 0 && level >= context).then(Stack::capture)
+    }
+
+    /// Runs the out-of-memory observers (and writes the first-OOM snapshot, if asked).
+    fn out_of_memory(&self, err: &AllocError) {
+        if let Some(path) = self.oom_snapshot.lock().take() {
+            match self.dump_snapshot(&path) {
+                Ok(()) => log::warn!(
+                    "caching allocator: out of memory; snapshot written to {}",
+                    path.display()
+                ),
+                Err(e) => log::error!("caching allocator: out-of-memory snapshot: {e}"),
+            }
+        }
+        let observers: Vec<OomObserver> = self.oom_observers.lock().clone();
+        for observer in observers {
+            observer(err);
         }
     }
 
@@ -105,11 +160,23 @@ impl<D: DeviceMemory> CachingAllocator<D> {
 
     /// Allocates `size` bytes for `stream`, growing reserved memory if no cached block fits.
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation<D::Handle>, AllocError> {
-        let mut engine = self.engine.lock();
-        let block = engine
-            .malloc(size, stream, Growth::Allowed)?
-            .expect("growth allowed always yields a block or an error");
-        Ok(self.allocation(&engine, block))
+        let stack = self.capture_stack(1);
+        let result = {
+            let mut engine = self.engine.lock();
+            engine.set_request_stack(stack);
+            let block = engine.malloc(size, stream, Growth::Allowed);
+            engine.set_request_stack(None);
+            block.map(|b| {
+                let b = b.expect("growth allowed always yields a block or an error");
+                self.allocation(&engine, b)
+            })
+        };
+        if let Err(err) = &result
+            && err.is_out_of_memory()
+        {
+            self.out_of_memory(err);
+        }
+        result
     }
 
     /// Allocates from cached blocks only: `Ok(None)` where `malloc` would grow.
@@ -118,9 +185,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         size: u64,
         stream: StreamId,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
+        let stack = self.capture_stack(1);
         let mut engine = self.engine.lock();
-        let block = engine.malloc(size, stream, Growth::CacheOnly)?;
-        Ok(block.map(|b| self.allocation(&engine, b)))
+        engine.set_request_stack(stack);
+        let block = engine.malloc(size, stream, Growth::CacheOnly);
+        engine.set_request_stack(None);
+        Ok(block?.map(|b| self.allocation(&engine, b)))
     }
 
     /// Whether a cached block would serve this request without new device memory.
@@ -139,7 +209,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         if allocation.allocator != self.id {
             return Err(AllocError::InvalidFree { id: allocation.id });
         }
-        self.engine.lock().free(allocation.id, allocation.block)
+        let stack = self.capture_stack(3);
+        let mut engine = self.engine.lock();
+        engine.set_request_stack(stack);
+        let result = engine.free(allocation.id, allocation.block);
+        engine.set_request_stack(None);
+        result
     }
 
     /// Notes that `allocation` is used on `stream` as well as its own.
@@ -205,9 +280,74 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         self.engine.lock().config().clone()
     }
 
-    /// Starts or stops recording the trace.
+    /// Starts or stops recording the trace (no stacks); starting keeps a trace already
+    /// being recorded.
     pub fn record_history(&self, enabled: bool) {
-        self.engine.lock().set_history(enabled);
+        let mut engine = self.engine.lock();
+        engine.set_history(enabled);
+        self.stack_context
+            .store(context_level(&engine.history_options()), Ordering::Relaxed);
+    }
+
+    /// Starts recording with `options`, or stops with [`HistoryOptions::off`] (PyTorch's
+    /// `torch.cuda.memory._record_memory_history`). Starting clears what was recorded; the
+    /// blocks and segments live now are remembered, so their frees are recorded with their
+    /// addresses (without a stack).
+    pub fn record_memory_history(&self, options: HistoryOptions) {
+        let mut engine = self.engine.lock();
+        engine.set_history_options(options);
+        self.stack_context
+            .store(context_level(&options), Ordering::Relaxed);
+    }
+
+    /// The options history is recorded with ([`HistoryOptions::off`] when not recording).
+    pub fn history_options(&self) -> HistoryOptions {
+        self.engine.lock().history_options()
+    }
+
+    /// Writes every segment, block and the recorded history to `path` as a pickle in the
+    /// format of `torch.cuda.memory._dump_snapshot` (PyTorch's `_memory_viz.py` and
+    /// <https://pytorch.org/memory_viz> open it). Stacks are resolved now, outside the lock.
+    pub fn dump_snapshot(&self, path: impl AsRef<Path>) -> Result<(), InspectError> {
+        let device = self.device_index.load(Ordering::Relaxed);
+        inspect::write_torch_snapshot(&self.snapshot(), device, path.as_ref())
+    }
+
+    /// Sets the device ordinal snapshots name (0 until set; the runtimes set their device's).
+    pub fn set_device_index(&self, index: u32) {
+        self.device_index.store(index, Ordering::Relaxed);
+    }
+
+    /// Writes the offline viewer of the current snapshot to `path`: one self-contained HTML
+    /// file (timeline, segment map, stacks, summary).
+    pub fn dump_html(&self, path: impl AsRef<Path>) -> Result<(), InspectError> {
+        self.dump_html_with_layers(path, &[])
+    }
+
+    /// [`dump_html`](Self::dump_html) with caches above the engine shown beside its numbers.
+    pub fn dump_html_with_layers(
+        &self,
+        path: impl AsRef<Path>,
+        layers: &[ViewerLayer],
+    ) -> Result<(), InspectError> {
+        inspect::write_viewer_html(
+            &self.snapshot(),
+            "burn-caching-alloc memory",
+            layers,
+            path.as_ref(),
+        )
+    }
+
+    /// Runs `observer` with the error every time a request fails with out-of-memory (after
+    /// the allocator's lock is released, so it may read statistics or dump a snapshot).
+    pub fn on_out_of_memory(&self, observer: impl Fn(&AllocError) + Send + Sync + 'static) {
+        self.oom_observers.lock().push(Arc::new(observer));
+    }
+
+    /// Writes a snapshot ([`dump_snapshot`](Self::dump_snapshot)) to `path` at the next
+    /// out-of-memory, once; `None` cancels.
+    pub fn dump_snapshot_on_oom(&self, path: Option<PathBuf>) {
+        *self.oom_snapshot.lock() = path;
     }
 
     /// The trace recorded so far (empty when history is off).

@@ -23,17 +23,25 @@ pub enum AllocError {
         max: u64,
     },
     /// The device ran out of memory even after the cache was freed and the allocation retried
-    /// (PyTorch's `OutOfMemoryError`).
+    /// (PyTorch's `OutOfMemoryError`). The message states PyTorch's numbers, then why: the
+    /// largest free block, the free bytes in blocks too small for the request, and the
+    /// configuration that would help when the numbers point at one.
     #[error(
         "out of memory: tried to allocate {} ({requested} bytes). The device has a total capacity of {} of which {} is free{}. \
          Of the memory this allocator holds, {} is allocated and {} is reserved but unallocated \
-         (the cache was freed and the allocation retried before failing).",
+         (the cache was freed and the allocation retried before failing). \
+         Why: the request needs a block of {}; the largest free block is {}, and {} of the reserved-but-unallocated memory \
+         is in free blocks too small for it (fragmentation).{}",
         format_bytes(*requested),
         format_bytes(*device_total),
         format_bytes(*device_free),
         limit.map(|l| format!("; the per-process memory fraction allows {}", format_bytes(l))).unwrap_or_default(),
         format_bytes(*allocated),
-        format_bytes(*reserved_unallocated)
+        format_bytes(*reserved_unallocated),
+        format_bytes(diagnosis.rounded),
+        format_bytes(diagnosis.largest_free_block),
+        format_bytes(diagnosis.fragmented),
+        diagnosis.advice.iter().map(|a| format!(" Advice: {a}.")).collect::<String>()
     )]
     OutOfMemory {
         /// The requested size, in bytes.
@@ -48,6 +56,8 @@ pub enum AllocError {
         device_total: u64,
         /// The cap set by the per-process memory fraction, in bytes, if any.
         limit: Option<u64>,
+        /// Why: the largest free block, fragmentation, and advice (boxed: errors stay small).
+        diagnosis: Box<OomDiagnosis>,
     },
     /// A free of an allocation that is not live in this allocator.
     #[error(
@@ -62,7 +72,103 @@ pub enum AllocError {
     Device(#[from] DeviceError),
 }
 
+/// Why a request ran out of memory: what the allocator's free memory looked like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OomDiagnosis {
+    /// The block size the request needs (the request rounded).
+    pub rounded: u64,
+    /// The largest free (cached) block, in bytes.
+    pub largest_free_block: u64,
+    /// Bytes in free blocks smaller than `rounded`: reserved, unallocated, and no use to this
+    /// request (fragmentation).
+    pub fragmented: u64,
+    /// Configuration that would help, when the numbers point at it.
+    pub advice: Vec<OomAdvice>,
+}
+
+/// Configuration an out-of-memory report recommends, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OomAdvice {
+    /// The free bytes would hold the request if they were contiguous (fragmentation):
+    /// `expandable_segments:True` grows one segment instead of leaving gaps between many.
+    ExpandableSegments,
+    /// Large cached blocks were split by smaller requests: `max_split_size_mb` keeps blocks
+    /// above it whole, so a large request finds one.
+    MaxSplitSize,
+    /// The cache had to be flushed and the request retried before (costly, synchronising):
+    /// `garbage_collection_threshold` frees old cached blocks before it comes to that.
+    GarbageCollectionThreshold,
+}
+
+impl std::fmt::Display for OomAdvice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OomAdvice::ExpandableSegments => {
+                "the free memory would hold the request if it were contiguous; try \
+                 `expandable_segments:True` to avoid fragmentation"
+            }
+            OomAdvice::MaxSplitSize => {
+                "large cached blocks were split by smaller requests; try `max_split_size_mb` \
+                 (e.g. the request's size in MiB) to keep large blocks whole"
+            }
+            OomAdvice::GarbageCollectionThreshold => {
+                "the cache was flushed and requests retried before this one; try \
+                 `garbage_collection_threshold:0.8` to free old cached blocks earlier"
+            }
+        })
+    }
+}
+
+/// The numbers an out-of-memory diagnosis reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct OomNumbers {
+    pub rounded: u64,
+    pub device_free: u64,
+    /// Free bytes in blocks too small for the request, all pools.
+    pub fragmented: u64,
+    /// The part of `fragmented` in large-pool blocks.
+    pub fragmented_large: u64,
+    pub max_split_size_set: bool,
+    pub garbage_collection_threshold_set: bool,
+    pub expandable_segments_set: bool,
+    /// Cache flushes before this request (`num_alloc_retries` minus `num_ooms`).
+    pub earlier_flushes: u64,
+}
+
+impl OomNumbers {
+    /// The advice the numbers point at.
+    pub fn advice(&self) -> Vec<OomAdvice> {
+        let mut advice = Vec::new();
+        if !self.expandable_segments_set
+            && self.fragmented > 0
+            && self.fragmented + self.device_free >= self.rounded
+        {
+            advice.push(OomAdvice::ExpandableSegments);
+        }
+        if !self.max_split_size_set
+            && self.fragmented_large * 4 >= self.rounded
+            && self.fragmented_large > 0
+        {
+            advice.push(OomAdvice::MaxSplitSize);
+        }
+        if !self.garbage_collection_threshold_set && self.earlier_flushes > 0 {
+            advice.push(OomAdvice::GarbageCollectionThreshold);
+        }
+        advice
+    }
+}
+
 impl AllocError {
+    /// The diagnosis of an [`AllocError::OutOfMemory`]; `None` for other errors.
+    pub fn oom_diagnosis(&self) -> Option<&OomDiagnosis> {
+        match self {
+            AllocError::OutOfMemory { diagnosis, .. } => Some(diagnosis),
+            _ => None,
+        }
+    }
+
     /// Whether this is [`AllocError::OutOfMemory`].
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, AllocError::OutOfMemory { .. })

@@ -29,22 +29,27 @@ mod config;
 mod engine;
 mod error;
 mod free_list;
+mod history;
+pub mod inspect;
 mod size;
 mod snapshot;
+mod stack;
 mod stats;
 mod summary;
 mod trace;
 mod trace_file;
 mod units;
 
-pub use allocator::{Allocation, CachingAllocator};
+pub use allocator::{Allocation, CachingAllocator, OomObserver};
 pub use block::BlockState;
 #[cfg(feature = "runtime")]
 pub(crate) use config::CONFIG_ENV;
 pub use config::{AllocatorConfig, ConfigError, RoundupDivisions};
-pub use error::AllocError;
+pub use error::{AllocError, OomAdvice, OomDiagnosis};
+pub use history::{HistoryEntry, HistoryOptions, RecordMode, StackContext, TraceAction};
 pub use size::{PoolKind, round_size, segment_size};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
+pub use stack::{Frame, Stack, StackResolver};
 #[cfg(feature = "runtime")]
 pub(crate) use stats::signed;
 pub use stats::{MemoryStats, Stat, StatArray};

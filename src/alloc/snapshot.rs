@@ -4,7 +4,9 @@ use serde::{Deserialize, Serialize};
 
 use super::block::BlockState;
 use super::config::AllocatorConfig;
+use super::history::HistoryEntry;
 use super::size::PoolKind;
+use super::stack::Stack;
 use super::stats::MemoryStats;
 use super::trace::Trace;
 
@@ -22,6 +24,10 @@ pub struct BlockSnapshot {
     pub state: BlockState,
     /// The allocation id of an allocated block.
     pub allocation_id: Option<u64>,
+    /// Where an allocated or pending block was allocated, when stacks are recorded (not in
+    /// the JSON; PyTorch-format snapshots carry it resolved).
+    #[serde(skip)]
+    pub stack: Option<Stack>,
 }
 
 /// One device segment, like an entry of `torch.cuda.memory_snapshot()`.
@@ -48,6 +54,9 @@ pub struct SegmentSnapshot {
     /// expandable segment shows as one such segment per run.
     #[serde(default)]
     pub is_expandable: bool,
+    /// Where the request that allocated the segment came from, when stacks are recorded.
+    #[serde(skip)]
+    pub stack: Option<Stack>,
 }
 
 /// Every segment and block, with the statistics, the configuration and the history.
@@ -62,6 +71,9 @@ pub struct Snapshot {
     pub config: AllocatorConfig,
     /// The trace ring, when history is recorded.
     pub trace: Option<Trace>,
+    /// The trace ring in PyTorch's terms (timestamps, addresses, stacks), oldest first.
+    #[serde(default)]
+    pub history: Vec<HistoryEntry>,
 }
 
 impl Snapshot {

@@ -87,6 +87,12 @@ pub enum TraceEvent {
         size: u64,
         /// The stream the request was made on.
         stream: u64,
+        /// The block size the request rounds to, in bytes.
+        #[serde(default)]
+        rounded: u64,
+        /// The device's free bytes when the request failed.
+        #[serde(default)]
+        device_free: u64,
     },
 }
 
@@ -140,35 +146,38 @@ impl Trace {
     }
 }
 
-/// The engine's bounded history.
+/// A bounded history: the newest `capacity` entries, oldest first.
 #[derive(Debug)]
-pub(crate) struct TraceRing {
-    events: VecDeque<TraceEvent>,
+pub(crate) struct TraceRing<T> {
+    entries: VecDeque<T>,
     capacity: usize,
     dropped: u64,
 }
 
-impl TraceRing {
+impl<T> TraceRing<T> {
     pub fn new(capacity: usize) -> Self {
         Self {
-            events: VecDeque::new(),
+            entries: VecDeque::new(),
             capacity: capacity.max(1),
             dropped: 0,
         }
     }
 
-    pub fn push(&mut self, event: TraceEvent) {
-        if self.events.len() == self.capacity {
-            self.events.pop_front();
+    pub fn push(&mut self, entry: T) {
+        if self.entries.len() == self.capacity {
+            self.entries.pop_front();
             self.dropped += 1;
         }
-        self.events.push_back(event);
+        self.entries.push_back(entry);
     }
 
-    pub fn to_trace(&self) -> Trace {
-        Trace {
-            events: self.events.iter().cloned().collect(),
-            dropped: self.dropped,
-        }
+    /// The entries, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.entries.iter()
+    }
+
+    /// How many older entries the ring overwrote.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 }

@@ -26,7 +26,8 @@ use cubecl_common::device::Device;
 use cubecl_runtime::client::ComputeClient;
 use cubecl_runtime::runtime::Runtime;
 
-use crate::alloc::{ConfigError, Snapshot};
+use crate::alloc::inspect::{InspectError, ViewerLayer};
+use crate::alloc::{AllocError, ConfigError, HistoryOptions, Snapshot};
 use crate::device::DeviceMemory;
 use crate::runtime::env::TRACE_ENV;
 use crate::runtime::registry::{self, DeviceEntry};
@@ -177,4 +178,57 @@ pub fn write_trace<Dev: CachingDevice>(device: &Dev) -> Result<PathBuf, TraceErr
 /// Writes `device`'s engine trace (JSON) to `path`, gzipped when `path` ends in `.gz`.
 pub fn write_trace_to<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(), TraceError> {
     Ok(settled(device).1.allocator.trace().write_file(path)?)
+}
+
+/// Starts recording `device`'s history with `options`, or stops with
+/// [`HistoryOptions::off`] (PyTorch's `torch.cuda.memory._record_memory_history`). Stacks are
+/// captured on the thread that runs the allocation: with CubeCL 0.10's channel, the thread that
+/// called the tensor operation, so the user's model code and Burn's operation are in them.
+///
+/// Recording started after the device opened sees the engine's blocks: a tensor whose freed
+/// CubeCL slice is reused for one of exactly the same size makes no engine event (set
+/// `BURN_CACHING_ALLOC_TRACE` before the device opens to hand every freed slice back).
+pub fn record_memory_history<Dev: CachingDevice>(device: &Dev, options: HistoryOptions) {
+    settled(device).1.allocator.record_memory_history(options);
+}
+
+/// Writes `device`'s segments, blocks and history as a PyTorch-format pickle (PyTorch's
+/// `torch.cuda.memory._dump_snapshot`): `_memory_viz.py` and <https://pytorch.org/memory_viz>
+/// open it.
+pub fn dump_snapshot<Dev: CachingDevice>(
+    device: &Dev,
+    path: impl AsRef<Path>,
+) -> Result<(), InspectError> {
+    settled(device).1.allocator.dump_snapshot(path)
+}
+
+/// Writes the offline viewer of `device`'s memory to `path`: one self-contained HTML file
+/// with the timeline, the segment map, the blocks' stacks, and the summary with CubeCL's layer.
+pub fn dump_html<Dev: CachingDevice>(
+    device: &Dev,
+    path: impl AsRef<Path>,
+) -> Result<(), InspectError> {
+    let stats = memory_stats(device);
+    let (_, entry) = settled(device);
+    let layers = [
+        ViewerLayer {
+            name: "CubeCL layer: bytes of live tensors".into(),
+            bytes: stats.cubecl.live_bytes,
+        },
+        ViewerLayer {
+            name: "CubeCL layer: cached in free slices".into(),
+            bytes: stats.cubecl.cached_bytes(),
+        },
+    ];
+    entry.allocator.dump_html_with_layers(path, &layers)
+}
+
+/// Runs `observer` with the error every time one of `device`'s allocations fails with
+/// out-of-memory (before CubeCL reclaims its free slices and retries, so it may run more than
+/// once per failed tensor).
+pub fn on_out_of_memory<Dev: CachingDevice>(
+    device: &Dev,
+    observer: impl Fn(&AllocError) + Send + Sync + 'static,
+) {
+    settled(device).1.allocator.on_out_of_memory(observer);
 }

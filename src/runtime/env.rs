@@ -4,13 +4,25 @@
 //!   `PYTORCH_CUDA_ALLOC_CONF` keys), for every device opened;
 //! - `BURN_CACHING_ALLOC_TRACE=path`: records the engine's history (and hands every freed CubeCL
 //!   slice back to the engine before the next reservation, so the trace holds every tensor);
-//!   `backend::write_trace` writes it to `path`.
+//!   `backend::write_trace` writes it to `path`;
+//! - `BURN_CACHING_ALLOC_OOM_SNAPSHOT=path`: writes a PyTorch-format snapshot to `path` at
+//!   the device's first out-of-memory (with the history and stacks when they are recorded).
 
 use super::error::DriverError;
 use crate::alloc::{AllocatorConfig, CONFIG_ENV};
 
 /// The trace file variable (see the module docs).
 pub(crate) const TRACE_ENV: &str = "BURN_CACHING_ALLOC_TRACE";
+
+/// The out-of-memory snapshot variable (see the module docs).
+pub(crate) const OOM_SNAPSHOT_ENV: &str = "BURN_CACHING_ALLOC_OOM_SNAPSHOT";
+
+/// The path `BURN_CACHING_ALLOC_OOM_SNAPSHOT` names, if set and not empty.
+pub(crate) fn oom_snapshot_path() -> Option<std::path::PathBuf> {
+    std::env::var_os(OOM_SNAPSHOT_ENV)
+        .filter(|p| !p.is_empty())
+        .map(Into::into)
+}
 
 /// The engine configuration every device starts with: `BURN_CACHING_ALLOC_CONF`, with history
 /// recording on when `BURN_CACHING_ALLOC_TRACE` is set.

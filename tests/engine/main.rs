@@ -9,12 +9,17 @@ mod errors;
 mod expandable;
 mod layout;
 mod miss_path;
+mod oom_report;
 mod parity;
 mod props;
 mod rounding;
+mod snapshot_pickle;
 mod stats;
 mod streams;
 mod threads;
+mod viewer_html;
 
 #[path = "../support/child.rs"]
 mod child;
+#[path = "../support/ci.rs"]
+mod ci;

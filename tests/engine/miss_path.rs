@@ -76,6 +76,7 @@ fn out_of_memory_reports_the_numbers_and_leaves_the_pool_intact() {
             device_free,
             device_total,
             limit,
+            ..
         } => {
             assert_eq!(*requested, 30 * MIB);
             assert_eq!(*allocated, 40 * MIB);

@@ -305,7 +305,8 @@ fn a_request_beyond_the_device_counts_as_an_oom_without_flushing_the_cache() {
     let events = alloc.trace().events;
     assert!(matches!(
         events.last(),
-        Some(TraceEvent::Oom { size, stream: 0 }) if *size == 65 * MIB
+        Some(TraceEvent::Oom { size, stream: 0, rounded, device_free })
+            if *size == 65 * MIB && *rounded == 65 * MIB && *device_free == 44 * MIB
     ));
 }
 

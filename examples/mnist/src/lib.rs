@@ -34,5 +34,5 @@ pub use dataset::{MnistSet, Split};
 pub use model::ModelKind;
 pub use probe::{AllocatorCounters, AllocatorProbe, MemoryPoint, MemoryProbe, MemoryTotals};
 pub use report::{EpochReport, TrainReport};
-pub use run::{RunError, RunOutcome, train_on};
+pub use run::{MemoryDumps, RunError, RunOutcome, train_on, train_on_with};
 pub use train::{TrainConfig, TrainError, TrainObserver, train};

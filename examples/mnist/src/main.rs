@@ -14,6 +14,11 @@
 //! With `BURN_CACHING_ALLOC_TRACE=PATH` (`.json`, or `.json.gz` to compress) a caching
 //! backend records every tensor's reservation and release and writes the trace to PATH at the
 //! end; the `replay` crate replays it (this is how its recorded traces were made).
+//!
+//! `--memory-snapshot PATH` writes a PyTorch-format snapshot (pytorch.org/memory_viz,
+//! `_memory_viz.py`) and `--memory-viz PATH.html` the offline viewer at the end of a caching
+//! run; either records the allocator's history from the start (`--memory-stacks`: with a
+//! stack per allocation).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -23,7 +28,9 @@ use mnist::backend_choice::{cuda_device_present, unavailable_reason};
 use mnist::dataset::{MnistSet, Split, default_data_dir};
 use mnist::progress::EpochProgress;
 use mnist::timeline::{TimelineRun, write_timeline_svg};
-use mnist::{BackendChoice, ModelKind, RunOutcome, TrainConfig, TrainReport, train_on};
+use mnist::{
+    BackendChoice, MemoryDumps, ModelKind, RunOutcome, TrainConfig, TrainReport, train_on_with,
+};
 
 /// Train a Burn model on MNIST and report what the allocator did.
 #[derive(Debug, Parser)]
@@ -67,6 +74,16 @@ struct Args {
     /// batches), and print both side by side.
     #[arg(long)]
     compare: bool,
+    /// Record the allocator's history and write a PyTorch-format snapshot here at the end
+    /// (open it in pytorch.org/memory_viz or `python torch/cuda/_memory_viz.py`).
+    #[arg(long, value_name = "PATH")]
+    memory_snapshot: Option<PathBuf>,
+    /// Record the allocator's history and write the offline HTML viewer here at the end.
+    #[arg(long, value_name = "PATH.html")]
+    memory_viz: Option<PathBuf>,
+    /// With --memory-snapshot/--memory-viz: record a stack with every allocation.
+    #[arg(long)]
+    memory_stacks: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -118,6 +135,15 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(reason) = choices.iter().find_map(|&c| unavailable_reason(c)) {
         return Err(reason);
     }
+    if (args.memory_snapshot.is_some() || args.memory_viz.is_some())
+        && !choices.iter().any(|c| c.is_caching())
+    {
+        return Err(format!(
+            "--memory-snapshot and --memory-viz read the caching allocator's history; backend {} \
+             has none (pick caching-cuda or caching-wgpu)",
+            choices[0]
+        ));
+    }
     let data_dir = data_dir(args.data_dir.as_deref())?;
     let train = MnistSet::load(&data_dir, Split::Train, args.limit).map_err(|e| e.to_string())?;
     let test =
@@ -142,11 +168,16 @@ fn run(args: Args) -> Result<(), String> {
         config.seed
     );
 
+    let dumps = MemoryDumps {
+        snapshot: args.memory_snapshot.clone(),
+        viz: args.memory_viz.clone(),
+        stacks: args.memory_stacks,
+    };
     let mut outcomes = Vec::new();
     for choice in choices {
         let mut progress = EpochProgress::new(choice.name());
-        let outcome =
-            train_on(choice, &train, &test, &config, &mut progress).map_err(|e| e.to_string())?;
+        let outcome = train_on_with(choice, &train, &test, &config, &mut progress, &dumps)
+            .map_err(|e| e.to_string())?;
         print_memory(&outcome);
         outcomes.push(outcome);
     }
@@ -226,6 +257,14 @@ fn print_memory(outcome: &RunOutcome) {
     }
     if let Some(summary) = &outcome.summary {
         println!("{summary}");
+    }
+    for path in &outcome.dumps {
+        let size = std::fs::metadata(path).map_or(0, |m| m.len());
+        println!(
+            "  memory file written to {} ({})",
+            path.display(),
+            mib(size)
+        );
     }
     if let Some(path) = &outcome.trace {
         println!("  allocator trace written to {}", path.display());

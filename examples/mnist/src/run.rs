@@ -18,6 +18,26 @@ pub struct RunOutcome {
     /// Where the engine's trace was written (caching backends, when
     /// `BURN_CACHING_ALLOC_TRACE` is set).
     pub trace: Option<std::path::PathBuf>,
+    /// The memory files written (caching backends, when [`MemoryDumps`] asked for them).
+    pub dumps: Vec<std::path::PathBuf>,
+}
+
+/// Memory files to write at the end of a run on a caching backend; asking for either records
+/// the allocator's history (PyTorch's `_record_memory_history`) from the start.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryDumps {
+    /// A PyTorch-format snapshot (`.pickle`) for `_memory_viz.py` or pytorch.org/memory_viz.
+    pub snapshot: Option<std::path::PathBuf>,
+    /// The offline HTML viewer.
+    pub viz: Option<std::path::PathBuf>,
+    /// Record a stack with every allocation (larger files; see the README for what they hold).
+    pub stacks: bool,
+}
+
+impl MemoryDumps {
+    fn any(&self) -> bool {
+        self.snapshot.is_some() || self.viz.is_some()
+    }
 }
 
 /// Why a run did not happen or did not finish.
@@ -33,6 +53,10 @@ pub enum RunError {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     #[error(transparent)]
     Trace(#[from] burn_caching_alloc::backend::TraceError),
+    /// Training finished but a memory snapshot or viewer could not be written.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    #[error(transparent)]
+    Dump(#[from] burn_caching_alloc::alloc::inspect::InspectError),
 }
 
 /// Trains on `choice` (after resolving `auto`) and returns the report.
@@ -43,6 +67,26 @@ pub fn train_on(
     config: &TrainConfig,
     observer: &mut dyn TrainObserver,
 ) -> Result<RunOutcome, RunError> {
+    train_on_with(
+        choice,
+        train,
+        test,
+        config,
+        observer,
+        &MemoryDumps::default(),
+    )
+}
+
+/// [`train_on`], writing the memory files `dumps` asks for (caching backends only; the stock
+/// backends have no allocator history and ignore it).
+pub fn train_on_with(
+    choice: BackendChoice,
+    train: &MnistSet,
+    test: &MnistSet,
+    config: &TrainConfig,
+    observer: &mut dyn TrainObserver,
+    dumps: &MemoryDumps,
+) -> Result<RunOutcome, RunError> {
     let choice = choice.resolve(cuda_device_present());
     if let Some(reason) = unavailable_reason(choice) {
         return Err(RunError::Unavailable(reason));
@@ -51,8 +95,8 @@ pub fn train_on(
     match choice {
         BackendChoice::Wgpu => stock_wgpu(name, train, test, config, observer),
         BackendChoice::Cuda => stock_cuda(name, train, test, config, observer),
-        BackendChoice::CachingWgpu => caching_wgpu(name, train, test, config, observer),
-        BackendChoice::CachingCuda => caching_cuda(name, train, test, config, observer),
+        BackendChoice::CachingWgpu => caching_wgpu(name, train, test, config, observer, dumps),
+        BackendChoice::CachingCuda => caching_cuda(name, train, test, config, observer, dumps),
         BackendChoice::Auto => Err(RunError::Unavailable(
             "backend auto did not resolve to a concrete backend".into(),
         )),
@@ -78,6 +122,7 @@ fn stock_wgpu(
         report,
         summary: None,
         trace: None,
+        dumps: Vec::new(),
     })
 }
 
@@ -100,6 +145,7 @@ fn stock_cuda(
         report,
         summary: None,
         trace: None,
+        dumps: Vec::new(),
     })
 }
 
@@ -113,13 +159,14 @@ fn caching_wgpu(
     test: &MnistSet,
     config: &TrainConfig,
     observer: &mut dyn TrainObserver,
+    dumps: &MemoryDumps,
 ) -> Result<RunOutcome, RunError> {
     use burn::backend::Autodiff;
     use burn::backend::wgpu::WgpuDevice;
 
     use burn_caching_alloc::backend::CachingWgpu;
     let device = WgpuDevice::DefaultDevice;
-    caching_run::<Autodiff<CachingWgpu>>(device, name, train, test, config, observer)
+    caching_run::<Autodiff<CachingWgpu>>(device, name, train, test, config, observer, dumps)
 }
 
 #[cfg(feature = "cuda")]
@@ -129,13 +176,14 @@ fn caching_cuda(
     test: &MnistSet,
     config: &TrainConfig,
     observer: &mut dyn TrainObserver,
+    dumps: &MemoryDumps,
 ) -> Result<RunOutcome, RunError> {
     use burn::backend::Autodiff;
     use burn::backend::cuda::CudaDevice;
 
     use burn_caching_alloc::backend::CachingCuda;
     let device = CudaDevice::default();
-    caching_run::<Autodiff<CachingCuda>>(device, name, train, test, config, observer)
+    caching_run::<Autodiff<CachingCuda>>(device, name, train, test, config, observer, dumps)
 }
 
 /// Trains on a caching backend, reading the allocator after every step.
@@ -147,12 +195,26 @@ fn caching_run<B>(
     test: &MnistSet,
     config: &TrainConfig,
     observer: &mut dyn TrainObserver,
+    dumps: &MemoryDumps,
 ) -> Result<RunOutcome, RunError>
 where
     B: burn::tensor::backend::AutodiffBackend,
     B::Device: burn_caching_alloc::backend::CachingDevice,
 {
-    use burn_caching_alloc::backend::{TraceError, memory_stats, memory_summary, write_trace};
+    use burn_caching_alloc::alloc::{HistoryOptions, StackContext};
+    use burn_caching_alloc::backend::{
+        TraceError, dump_html, dump_snapshot, memory_stats, memory_summary, record_memory_history,
+        write_trace,
+    };
+
+    if dumps.any() {
+        let context = if dumps.stacks {
+            StackContext::Alloc
+        } else {
+            StackContext::Off
+        };
+        record_memory_history(&device, HistoryOptions::default().with_context(context));
+    }
 
     let stats_device = device.clone();
     let summary_device = device.clone();
@@ -169,10 +231,20 @@ where
         Err(TraceError::NoPath) => None,
         Err(err) => return Err(err.into()),
     };
+    let mut written = Vec::new();
+    if let Some(path) = &dumps.snapshot {
+        dump_snapshot(&device, path)?;
+        written.push(path.clone());
+    }
+    if let Some(path) = &dumps.viz {
+        dump_html(&device, path)?;
+        written.push(path.clone());
+    }
     Ok(RunOutcome {
         report,
         summary,
         trace,
+        dumps: written,
     })
 }
 
@@ -197,6 +269,7 @@ fn caching_wgpu(
     _: &MnistSet,
     _: &TrainConfig,
     _: &mut dyn TrainObserver,
+    _: &MemoryDumps,
 ) -> Result<RunOutcome, RunError> {
     Err(RunError::Unavailable(not_compiled(
         BackendChoice::CachingWgpu,
@@ -221,6 +294,7 @@ fn caching_cuda(
     _: &MnistSet,
     _: &TrainConfig,
     _: &mut dyn TrainObserver,
+    _: &MemoryDumps,
 ) -> Result<RunOutcome, RunError> {
     Err(RunError::Unavailable(not_compiled(
         BackendChoice::CachingCuda,

@@ -27,11 +27,13 @@ mod snapshot;
 
 use crate::alloc::block::{BlockId, BlockState, Blocks};
 use crate::alloc::config::AllocatorConfig;
-use crate::alloc::error::AllocError;
+use crate::alloc::error::{AllocError, OomDiagnosis, OomNumbers};
 use crate::alloc::free_list::FreeList;
+use crate::alloc::history::{History, HistoryEntry, HistoryOptions};
 use crate::alloc::size::{
     MIN_BLOCK_SIZE, PoolKind, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size,
 };
+use crate::alloc::stack::Stack;
 use crate::alloc::units::MIB;
 use events::PendingFree;
 
@@ -39,7 +41,7 @@ use events::PendingFree;
 /// stream); larger free blocks live in an ordered map.
 const LARGE_CLASS_LIMIT: u64 = 32 * MIB;
 use crate::alloc::stats::MemoryStats;
-use crate::alloc::trace::{TraceEvent, TraceRing};
+use crate::alloc::trace::TraceEvent;
 use crate::device::{DeviceMemory, StreamId};
 
 pub(crate) struct Engine<D: DeviceMemory> {
@@ -56,10 +58,12 @@ pub(crate) struct Engine<D: DeviceMemory> {
     /// The device's virtual-memory page granularity, asked once (`None`: no virtual memory).
     vm_granularity: Option<u64>,
     stats: MemoryStats,
-    history: Option<TraceRing>,
+    history: Option<History>,
     /// Large-pool cache searches while garbage collection is on: the clock that ages cached
     /// blocks (PyTorch's `get_free_blocks_call_count`).
     large_searches: u64,
+    /// Misses that a full cache release saved from an out-of-memory (for the OOM advice).
+    rescued_by_flush: u64,
     next_allocation_id: u64,
     /// The device's total memory, asked once.
     device_total: Option<u64>,
@@ -88,9 +92,11 @@ pub(crate) enum Growth {
 
 impl<D: DeviceMemory> Engine<D> {
     pub fn new(device: D, config: AllocatorConfig) -> Self {
-        let history = config
-            .record_history
-            .then(|| TraceRing::new(config.history_capacity));
+        let history = History::new(if config.record_history {
+            HistoryOptions::trace(config.history_capacity)
+        } else {
+            HistoryOptions::off()
+        });
         let stats = MemoryStats {
             max_split_size: config
                 .max_split_size
@@ -120,6 +126,7 @@ impl<D: DeviceMemory> Engine<D> {
             stats,
             history,
             large_searches: 0,
+            rescued_by_flush: 0,
             next_allocation_id: 1,
             device_total: None,
         }
@@ -195,19 +202,79 @@ impl<D: DeviceMemory> Engine<D> {
 
     pub fn record(&mut self, event: impl FnOnce() -> TraceEvent) {
         if let Some(history) = &mut self.history {
-            history.push(event());
+            history.record(event());
         }
     }
 
     pub fn set_history(&mut self, enabled: bool) {
-        self.config.record_history = enabled;
-        if enabled {
-            if self.history.is_none() {
-                self.history = Some(TraceRing::new(self.config.history_capacity));
-            }
-        } else {
-            self.history = None;
+        if enabled && self.history.is_some() {
+            return;
         }
+        let options = if enabled {
+            HistoryOptions::trace(self.config.history_capacity)
+        } else {
+            HistoryOptions::off()
+        };
+        self.set_history_options(options);
+    }
+
+    /// Starts recording with `options` (a fresh ring, seeded with the blocks and segments
+    /// live now, so later frees match), or stops recording.
+    pub fn set_history_options(&mut self, options: HistoryOptions) {
+        self.config.record_history = options.enabled == crate::alloc::history::RecordMode::All;
+        self.history = History::new(options);
+        let Some(history) = &mut self.history else {
+            return;
+        };
+        for (id, segment) in self.blocks.segments.iter() {
+            // An expandable segment is seen as its mapped runs, as the snapshot shows it.
+            let mut run_start = None;
+            for b in self.blocks.segment_blocks(id) {
+                let block = &self.blocks.blocks[b];
+                match (block.mapped, run_start) {
+                    (true, None) => {
+                        run_start = Some(segment.address + block.offset);
+                        history.seed_segment(segment.address + block.offset, segment.stream.0);
+                    }
+                    (false, Some(_)) => run_start = None,
+                    _ => {}
+                }
+            }
+        }
+        for (_, block) in self.blocks.blocks.iter() {
+            if block.state != BlockState::Inactive {
+                let segment = &self.blocks.segments[block.segment];
+                history.seed_block(
+                    block.allocation_id,
+                    segment.address + block.offset,
+                    block.requested,
+                    block.size,
+                    segment.stream.0,
+                );
+            }
+        }
+    }
+
+    /// The options history is recorded with (off when not recording).
+    pub fn history_options(&self) -> HistoryOptions {
+        self.history
+            .as_ref()
+            .map_or_else(HistoryOptions::off, |h| h.options())
+    }
+
+    /// The stack of the request about to be served (`None` after it).
+    pub fn set_request_stack(&mut self, stack: Option<Stack>) {
+        if let Some(history) = &mut self.history {
+            history.set_request_stack(stack);
+        }
+    }
+
+    /// The history in PyTorch's terms, oldest first (empty when not recording a trace).
+    pub fn history_entries(&self) -> Vec<HistoryEntry> {
+        self.history
+            .as_ref()
+            .map(|h| h.entries())
+            .unwrap_or_default()
     }
 
     /// The device's total memory (asked once; `None` if the device cannot say).
@@ -304,6 +371,7 @@ impl<D: DeviceMemory> Engine<D> {
             self.release_cached_blocks()?;
             self.stats.num_alloc_retries += 1;
             block = self.new_memory(new_segment, pool, stream, rounded)?;
+            self.rescued_by_flush += u64::from(block.is_some());
         }
         Ok(block)
     }
@@ -392,33 +460,73 @@ impl<D: DeviceMemory> Engine<D> {
     /// out-of-memory (`num_ooms`, an `oom` trace entry); so does this allocator, but it knows
     /// up front, so it neither flushes the cache nor counts a retry first.
     fn too_large(&mut self, size: u64, max: u64, stream: StreamId) -> AllocError {
-        self.count_oom(size, stream);
+        let (rounded, _) = self.block_for(size);
+        let device_free = self.device.memory_info().ok().map_or(0, |i| i.free);
+        self.count_oom(size, rounded, device_free, stream);
         AllocError::TooLarge {
             requested: size,
             max,
         }
     }
 
-    /// Counts an out-of-memory and records it in the trace.
-    fn count_oom(&mut self, size: u64, stream: StreamId) {
+    /// Counts an out-of-memory and records it in the trace, with the rounded size and the
+    /// device's free bytes (PyTorch's `oom` entry).
+    fn count_oom(&mut self, size: u64, rounded: u64, device_free: u64, stream: StreamId) {
         self.stats.num_ooms += 1;
         self.record(|| TraceEvent::Oom {
             size,
             stream: stream.0,
+            rounded,
+            device_free,
         });
     }
 
+    /// The out-of-memory error for a request of `size` bytes, with the numbers that explain
+    /// it: PyTorch's, the largest free block, the free bytes in blocks too small for the
+    /// request, and the configuration that would help.
     fn out_of_memory(&mut self, size: u64, stream: StreamId) -> AllocError {
-        self.count_oom(size, stream);
         let info = self.device.memory_info().ok();
+        let device_free = info.map_or(0, |i| i.free);
+        let (rounded, _) = self.block_for(size);
+        self.count_oom(size, rounded, device_free, stream);
+        let (mut largest_free_block, mut fragmented, mut fragmented_large) = (0, 0, 0);
+        for (_, block) in self.blocks.blocks.iter() {
+            // Unmapped address space of expandable segments is not memory.
+            if block.state != BlockState::Inactive || !block.mapped {
+                continue;
+            }
+            largest_free_block = largest_free_block.max(block.size);
+            if block.size < rounded {
+                fragmented += block.size;
+                if self.blocks.segments[block.segment].pool == PoolKind::Large {
+                    fragmented_large += block.size;
+                }
+            }
+        }
+        let numbers = OomNumbers {
+            rounded,
+            device_free,
+            fragmented,
+            fragmented_large,
+            max_split_size_set: self.config.max_split_size.is_some(),
+            garbage_collection_threshold_set: self.config.garbage_collection_threshold.is_some(),
+            expandable_segments_set: self.config.expandable_segments,
+            earlier_flushes: self.rescued_by_flush,
+        };
         let allocated = self.stats.memory_allocated();
         AllocError::OutOfMemory {
             requested: size,
             allocated,
             reserved_unallocated: self.stats.memory_reserved() - allocated,
-            device_free: info.map_or(0, |i| i.free),
+            device_free,
             device_total: info.map_or(0, |i| i.total),
             limit: self.fraction_limit(),
+            diagnosis: Box::new(OomDiagnosis {
+                rounded,
+                largest_free_block,
+                fragmented,
+                advice: numbers.advice(),
+            }),
         }
     }
 }

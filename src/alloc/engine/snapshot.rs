@@ -8,7 +8,13 @@ use crate::device::DeviceMemory;
 
 impl<D: DeviceMemory> Engine<D> {
     pub fn snapshot(&self) -> Snapshot {
+        let history = self.history.as_ref();
         let mut segments = Vec::new();
+        let push = |segments: &mut Vec<SegmentSnapshot>, segment, run: Vec<BlockSnapshot>| {
+            let mut snapshot = segment_snapshot(segment, run);
+            snapshot.stack = history.and_then(|h| h.segment_stack(snapshot.address));
+            segments.push(snapshot);
+        };
         for (id, segment) in self.blocks.segments.iter() {
             // An ordinary segment is one run; an expandable one has a run per mapped stretch
             // (PyTorch's `snapshot` reports one segment per contiguous mapped range).
@@ -17,7 +23,7 @@ impl<D: DeviceMemory> Engine<D> {
                 let block = &self.blocks.blocks[b];
                 if !block.mapped {
                     if !run.is_empty() {
-                        segments.push(segment_snapshot(segment, std::mem::take(&mut run)));
+                        push(&mut segments, segment, std::mem::take(&mut run));
                     }
                     continue;
                 }
@@ -28,10 +34,13 @@ impl<D: DeviceMemory> Engine<D> {
                     state: block.state,
                     allocation_id: (block.state == BlockState::ActiveAllocated)
                         .then_some(block.allocation_id),
+                    stack: (block.state != BlockState::Inactive)
+                        .then(|| history.and_then(|h| h.block_stack(block.allocation_id)))
+                        .flatten(),
                 });
             }
             if !run.is_empty() {
-                segments.push(segment_snapshot(segment, run));
+                push(&mut segments, segment, run);
             }
         }
         segments.sort_by_key(|s| s.address);
@@ -40,6 +49,7 @@ impl<D: DeviceMemory> Engine<D> {
             stats: self.stats.clone(),
             config: self.config.clone(),
             trace: self.history.as_ref().map(|h| h.to_trace()),
+            history: self.history_entries(),
         }
     }
 }
@@ -59,5 +69,6 @@ fn segment_snapshot<H>(segment: &Segment<H>, blocks: Vec<BlockSnapshot>) -> Segm
         pool: segment.pool,
         is_expandable: segment.expandable,
         blocks,
+        stack: None,
     }
 }

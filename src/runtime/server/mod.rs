@@ -54,7 +54,7 @@ use cubecl_runtime::timestamp_profiler::TimestampProfiler;
 use parking_lot::Mutex;
 
 use super::driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
-use super::env::config_from_env;
+use super::env::{config_from_env, oom_snapshot_path};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
 use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError};
@@ -99,6 +99,8 @@ impl<D: Driver> CachingServer<D> {
         let properties = driver.properties();
         let memory_properties: MemoryDeviceProperties = properties.memory.clone();
         let allocator = Arc::new(CachingAllocator::new(driver.memory(), config));
+        allocator.set_device_index(u32::from(device.index_id));
+        allocator.dump_snapshot_on_oom(oom_snapshot_path());
         let cubecl_usage = Arc::new(Mutex::new(CubeclLayerUsage::default()));
         registry::register(
             device,

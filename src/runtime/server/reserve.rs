@@ -10,7 +10,9 @@ use cubecl_runtime::server::ServerError;
 
 use super::super::driver::Driver;
 use super::checks;
+use super::layer_usage::CubeclLayerUsage;
 use super::streams::Streams;
+use crate::alloc::format_bytes;
 
 /// Reserves `size` bytes on `stream_id`, reclaiming other streams' free slices on failure.
 pub(super) fn reserve<D: Driver>(
@@ -33,10 +35,22 @@ pub(super) fn reserve<D: Driver>(
             return Ok(handle);
         }
     }
+    // What CubeCL's layer holds on top of the engine's numbers: its slices are engine blocks.
+    let mut layer = CubeclLayerUsage::default();
+    for stream in streams.all() {
+        layer.add_stream(&stream.memory.usage(), stream.memory.counters());
+    }
     Err(ServerError::Generic {
         reason: format!(
             "caching allocator: out of memory while reserving {size} bytes after returning \
-             every free CubeCL slice to the allocator: {failure}"
+             every free CubeCL slice to the allocator: {failure} CubeCL's layer holds {} in \
+             {} live slices ({} of tensors, {} of alignment padding) and {} in free slices, \
+             all counted as allocated by the engine.",
+            format_bytes(layer.live_bytes + layer.padding_bytes),
+            layer.live_slices,
+            format_bytes(layer.live_bytes),
+            format_bytes(layer.padding_bytes),
+            format_bytes(layer.cached_bytes()),
         ),
         backtrace: BackTrace::capture(),
     })
