@@ -48,6 +48,8 @@ pub enum Growth {
     Allowed,
     /// Only a cached engine block may serve; otherwise the request is refused.
     CacheOnly,
+    /// No engine block at all: only a free slice of CubeCL's pool may serve.
+    PoolOnly,
 }
 
 /// The caching engine as a CubeCL `ComputeStorage`, for one stream.
@@ -155,6 +157,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
         let result = match self.growth {
             Growth::Allowed => self.allocator.malloc(request, self.stream).map(Some),
             Growth::CacheOnly => self.allocator.malloc_cached(request, self.stream),
+            Growth::PoolOnly => Ok(None),
         };
         match result {
             Ok(Some(block)) => {
@@ -165,6 +168,13 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
                     id,
                     StorageUtilization { offset: 0, size },
                 ))
+            }
+            Ok(None) if self.growth == Growth::PoolOnly => {
+                self.refused = true;
+                Err(IoError::Unknown {
+                    description: String::new(),
+                    backtrace: BackTrace::capture(),
+                })
             }
             Ok(None) => {
                 self.refused = true;
