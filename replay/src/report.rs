@@ -9,6 +9,8 @@ use super::runner::Measurement;
 pub struct JsonRow {
     pub trace: String,
     pub allocator: String,
+    /// The engine's configuration string (`""`: default rules); `null` for CubeCL's pools.
+    pub config: Option<String>,
     pub ns_per_op_median: f64,
     pub ns_per_op_p99: f64,
     pub device_allocs: u64,
@@ -27,6 +29,7 @@ impl From<&Measurement> for JsonRow {
         Self {
             trace: m.trace.clone(),
             allocator: m.allocator.name().to_string(),
+            config: m.config.clone(),
             ns_per_op_median: m.ns_per_op_median,
             ns_per_op_p99: m.ns_per_op_p99,
             device_allocs: m.device_allocs,
@@ -51,18 +54,29 @@ pub fn mib(bytes: u64) -> String {
     format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
-/// The measurements as a Markdown table, one row per trace and allocator.
+/// How a table shows a measurement's configuration: `-` for CubeCL's pools, `default` for
+/// the default rules, else the string itself.
+pub fn config_label(config: Option<&str>) -> &str {
+    match config {
+        None => "-",
+        Some("") => "default",
+        Some(text) => text,
+    }
+}
+
+/// The measurements as a Markdown table, one row per trace, allocator and configuration.
 pub fn markdown_table(measurements: &[Measurement]) -> String {
     let mut out = String::from(
-        "| trace | allocator | ops | ns/op median | ns/op p99 | ns/op mean | device allocs | \
+        "| trace | allocator | config | ops | ns/op median | ns/op p99 | ns/op mean | device allocs | \
          device frees | peak allocated | peak reserved | reserved / allocated | OOMs |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for m in measurements {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {:.3} | {} |\n",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {:.3} | {} |\n",
             m.trace,
             m.allocator,
+            config_label(m.config.as_deref()),
             m.ops,
             m.ns_per_op_median,
             m.ns_per_op_p99,
