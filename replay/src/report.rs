@@ -17,8 +17,10 @@ pub struct JsonRow {
     pub device_frees: u64,
     pub peak_allocated: u64,
     pub peak_reserved: u64,
-    /// Beyond the required keys: mean latency, operations, reserved/allocated, OOMs.
+    /// Beyond the required keys: mean latency, median over mallocs, operations,
+    /// reserved/allocated, OOMs.
     pub ns_per_op_mean: f64,
+    pub ns_per_malloc_median: f64,
     pub ops: usize,
     pub peak_reserved_over_allocated: f64,
     pub ooms: u64,
@@ -37,6 +39,7 @@ impl From<&Measurement> for JsonRow {
             peak_allocated: m.peak_allocated,
             peak_reserved: m.peak_reserved,
             ns_per_op_mean: m.ns_per_op_mean,
+            ns_per_malloc_median: m.ns_per_malloc_median,
             ops: m.ops,
             peak_reserved_over_allocated: m.reserved_ratio(),
             ooms: m.ooms,
@@ -67,13 +70,13 @@ pub fn config_label(config: Option<&str>) -> &str {
 /// The measurements as a Markdown table, one row per trace, allocator and configuration.
 pub fn markdown_table(measurements: &[Measurement]) -> String {
     let mut out = String::from(
-        "| trace | allocator | config | ops | ns/op median | ns/op p99 | ns/op mean | device allocs | \
+        "| trace | allocator | config | ops | ns/op median | ns/op p99 | ns/op mean | ns/malloc median | device allocs | \
          device frees | peak allocated | peak reserved | reserved / allocated | OOMs |\n\
-         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for m in measurements {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {:.3} | {} |\n",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {:.3} | {} |\n",
             m.trace,
             m.allocator,
             config_label(m.config.as_deref()),
@@ -81,6 +84,7 @@ pub fn markdown_table(measurements: &[Measurement]) -> String {
             m.ns_per_op_median,
             m.ns_per_op_p99,
             m.ns_per_op_mean,
+            m.ns_per_malloc_median,
             m.device_allocs,
             m.device_frees,
             mib(m.peak_allocated),

@@ -166,6 +166,10 @@ pub struct Measurement {
     pub ns_per_op_median: f64,
     pub ns_per_op_p99: f64,
     pub ns_per_op_mean: f64,
+    /// Median over mallocs only: a free of a CubeCL handle only drops it, so with half the
+    /// operations frees the median over all operations sits where frees end and mallocs
+    /// begin, and says little about either.
+    pub ns_per_malloc_median: f64,
     /// Segments the allocator asked of the device, and returned, during the instrumented
     /// pass (what dropping the allocator returns afterwards is not counted).
     pub device_allocs: u64,
@@ -364,6 +368,15 @@ pub fn measure_with<R: ReplayDevice, A: ReplayAllocator>(
     for sample in &mut samples {
         *sample = sample.saturating_sub(overhead);
     }
+    // Every pass times every operation, in order: sample j is operation j mod ops.
+    let ops = program.ops();
+    let mut malloc_samples: Vec<u32> = samples
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| matches!(ops[j % ops.len()], Op::Malloc { .. }))
+        .map(|(_, &ns)| ns)
+        .collect();
+    malloc_samples.sort_unstable();
     samples.sort_unstable();
     let mean = if samples.is_empty() {
         0.0
@@ -383,6 +396,7 @@ pub fn measure_with<R: ReplayDevice, A: ReplayAllocator>(
         ns_per_op_median: quantile(&samples, 0.5),
         ns_per_op_p99: quantile(&samples, 0.99),
         ns_per_op_mean: mean,
+        ns_per_malloc_median: quantile(&malloc_samples, 0.5),
         device_allocs: reading.allocs,
         device_frees: reading.frees,
         peak_allocated: instrument.live_at_peak,

@@ -204,19 +204,20 @@ pub fn recommend(reports: &[TuneReport]) -> Option<String> {
 pub fn tune_table(report: &TuneReport) -> String {
     let mut out = format!(
         "{}:\n\n| rank | configuration | peak reserved | reserved / live | device calls | \
-         ns/op median | OOMs |\n|---:|---|---:|---:|---:|---:|---:|\n",
+         ns/op median | ns/malloc median | OOMs |\n|---:|---|---:|---:|---:|---:|---:|---:|\n",
         report.trace
     );
     for (rank, row) in report.rows.iter().enumerate() {
         let m = &row.measurement;
         out.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {} | {:.0} | {} |\n",
+            "| {} | {} | {} | {:.3} | {} | {:.0} | {:.0} | {} |\n",
             rank + 1,
             config_label(Some(&row.config)),
             mib(m.peak_reserved),
             m.reserved_ratio(),
             row.device_calls(),
             m.ns_per_op_median,
+            m.ns_per_malloc_median,
             m.ooms,
         ));
     }

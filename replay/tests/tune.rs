@@ -200,3 +200,27 @@ fn every_row_carries_its_configuration_string() {
             .is_err()
     );
 }
+
+#[test]
+fn the_tables_have_one_cell_per_header() {
+    let program = program("mlp-mnist");
+    let options = MeasureOptions::new(0);
+    let rows: Vec<_> = [AllocatorKind::Caching, AllocatorKind::CubeclSubslices]
+        .into_iter()
+        .map(|kind| measure("mlp-mnist", &program, kind, &options).unwrap())
+        .collect();
+    let device = SimReplayDevice::new(CAPACITY);
+    let grid = vec![String::new(), "roundup_power2_divisions:4".to_string()];
+    let report = tune(&device, "mlp-mnist", &program, &grid, 0).unwrap();
+    for table in [
+        replay::report::markdown_table(&rows),
+        replay::tune::tune_table(&report),
+    ] {
+        let lines: Vec<&str> = table.lines().filter(|l| l.starts_with('|')).collect();
+        assert!(lines.len() >= 4, "{table}");
+        let cells = |line: &str| line.matches('|').count();
+        for line in &lines {
+            assert_eq!(cells(line), cells(lines[0]), "{table}");
+        }
+    }
+}

@@ -48,8 +48,6 @@ pub enum Growth {
     Allowed,
     /// Only a cached engine block may serve; otherwise the request is refused.
     CacheOnly,
-    /// No engine block at all: only a free slice of CubeCL's pool may serve.
-    PoolOnly,
 }
 
 /// The caching engine as a CubeCL `ComputeStorage`, for one stream.
@@ -157,7 +155,6 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
         let result = match self.growth {
             Growth::Allowed => self.allocator.malloc(request, self.stream).map(Some),
             Growth::CacheOnly => self.allocator.malloc_cached(request, self.stream),
-            Growth::PoolOnly => Ok(None),
         };
         match result {
             Ok(Some(block)) => {
@@ -168,13 +165,6 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
                     id,
                     StorageUtilization { offset: 0, size },
                 ))
-            }
-            Ok(None) if self.growth == Growth::PoolOnly => {
-                self.refused = true;
-                Err(IoError::Unknown {
-                    description: String::new(),
-                    backtrace: BackTrace::capture(),
-                })
             }
             Ok(None) => {
                 self.refused = true;

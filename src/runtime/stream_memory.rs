@@ -9,26 +9,26 @@
 //!
 //! A reservation therefore goes, in order:
 //!
-//! 1. to CubeCL's pool only (the storage refuses every engine block, [`Growth::PoolOnly`]):
-//!    a free slice of exactly the size is reused, nothing else runs;
-//! 2. on a pool miss of a *large* request (over the engine's 1 MiB small-pool limit) of a size
-//!    this stream has not reserved before, to a **placement reclaim**: the walk hands the free
-//!    slices back before the engine chooses where the new size goes, so best fit and
-//!    coalescing see what the engine alone would see. Sizes seen before are the steady state
-//!    of a fixed-shape loop: CubeCL's pool serves them, and a walk would only give back slices
-//!    about to be reused. Small requests live in 2 MiB segments, where a late placement costs
-//!    little;
-//! 3. to the engine's cache only ([`Growth::CacheOnly`]);
-//! 4. when the engine would grow, to a **growth reclaim**, then to the engine with growth
+//! 1. for a *large* request (over the engine's 1 MiB small-pool limit) of a size this stream
+//!    has never reserved (so CubeCL's pool, keyed by the padded size, cannot hold one), when
+//!    tensors are being dropped (the last walk released a slice, or CubeCL reused one since):
+//!    a **placement reclaim**. The walk hands the free slices back before the engine chooses
+//!    where the new size goes, so best fit and coalescing see what the engine alone would
+//!    see. Sizes seen before are the steady state of a fixed-shape loop: CubeCL's pool serves
+//!    them, and a walk would only give back slices about to be reused (walking for sizes
+//!    merely absent from the pool made such loops walk every step). Small requests live in
+//!    2 MiB segments, where a late placement costs little;
+//! 2. to CubeCL's exact-size reuse, else the engine's cache only ([`Growth::CacheOnly`]);
+//! 3. when the engine would grow, to a **growth reclaim**, then to the engine with growth
 //!    allowed; on a real failure (the engine's own out-of-memory path already ran) to an
 //!    unconditional reclaim and one retry.
 //!
 //! Walks are paid from a budget of slice-visits: every reservation earns
-//! [`CREDIT_PER_RESERVE`], every new large size [`NEW_SIZE_CREDIT`] more, and a walk runs only
-//! when the budget covers the stream's slice count (placement reclaims always; growth reclaims
-//! also on the two signs below). Loading a model of n parameters, where every reservation is a
-//! new size and nothing is dropped, thus walks at geometrically spaced points: O(1) amortised
-//! work per parameter.
+//! [`CREDIT_PER_RESERVE`], every placement candidate [`NEW_SIZE_CREDIT`] more, and a walk
+//! runs when the budget covers the stream's slice count (placement reclaims only then; growth
+//! reclaims also on the two signs below). Loading a model of n parameters, where nothing is
+//! dropped, earns no placement credit after its first walk and walks at geometrically spaced
+//! points: O(1) amortised work per parameter (`benches/model_load`).
 //!
 //! A would-grow miss the budget cannot pay for still walks when
 //!
@@ -41,8 +41,8 @@
 //!   most about `GROWTH_STEP` x ln(growth factor) such walks while memory only grows, each in
 //!   front of a device allocation anyway.
 //!
-//! On the replay's traces this keeps `caching-stack` within 5 % of the engine alone's peak
-//! reserved memory (README, Results).
+//! On the replay's built-in traces this keeps `caching-stack` within 5 % of the engine
+//! alone's peak reserved memory (README, Results).
 //!
 //! While the engine records its history ([`ReclaimPolicy::EveryReserve`]), the stream reclaims
 //! before every reservation instead: CubeCL's exact-size reuse is bypassed, so every tensor's
@@ -175,8 +175,12 @@ pub struct StreamMemory<D: DeviceMemory> {
     reuse_seen: bool,
     /// Whether the last reclaim released at least 1/[`PRODUCTIVE_SHARE`] of the slices.
     last_productive: bool,
-    /// The large sizes this stream reserved through the engine.
+    /// Slices the last reclaim released (`usize::MAX` before the first one).
+    last_released: usize,
+    /// The large sizes (padded) this stream reserved.
     seen_sizes: HashSet<u64>,
+    /// CubeCL's slice alignment (sizes are padded to it).
+    alignment: u64,
     counters: ReclaimCounters,
 }
 
@@ -204,7 +208,9 @@ impl<D: DeviceMemory> StreamMemory<D> {
             reserved_mark: 0,
             reuse_seen: false,
             last_productive: false,
+            last_released: usize::MAX,
             seen_sizes: HashSet::new(),
+            alignment: properties.alignment.max(1),
             counters: ReclaimCounters::default(),
         }
     }
@@ -235,8 +241,8 @@ impl<D: DeviceMemory> StreamMemory<D> {
         self.manager.memory_usage()
     }
 
-    /// Reserves `size` bytes: CubeCL's exact-size reuse, else (for a new large size, when the
-    /// budget covers it) a placement reclaim, then a cached engine block, else a growth
+    /// Reserves `size` bytes: for a new large size, when the budget covers it, a placement
+    /// reclaim first; then CubeCL's exact-size reuse, else a cached engine block, else a growth
     /// reclaim when the budget or the signs allow it and an engine allocation that may grow;
     /// on failure an unconditional reclaim and one retry. Under
     /// [`ReclaimPolicy::EveryReserve`]: a reclaim, then the engine allocation.
@@ -249,13 +255,13 @@ impl<D: DeviceMemory> StreamMemory<D> {
         }
         self.budget.earn(CREDIT_PER_RESERVE);
 
-        if let Ok(handle) = self.reserve_limited(size, Growth::PoolOnly) {
-            self.counters.pool_hits += 1;
-            self.reuse_seen = true;
-            return Ok(handle);
-        }
-
-        if PoolKind::for_size(size) == PoolKind::Large && self.first_sight(size) {
+        // A size this stream never reserved cannot be in CubeCL's pool (its key is the size
+        // padded to the alignment): it will go to the engine, which should see the free
+        // slices first.
+        if PoolKind::for_size(size) == PoolKind::Large
+            && self.first_sight(size)
+            && self.drops_possible()
+        {
             self.budget.earn(NEW_SIZE_CREDIT);
             let cost = self.walk_cost();
             if self.budget.try_spend(cost) {
@@ -264,8 +270,16 @@ impl<D: DeviceMemory> StreamMemory<D> {
             }
         }
 
+        let blocks = self.manager.storage().blocks();
         match self.reserve_limited(size, Growth::CacheOnly) {
-            Ok(handle) => return Ok(handle),
+            Ok(handle) => {
+                // No new engine block: CubeCL reused a slice a dropped tensor left free.
+                if self.manager.storage().blocks() == blocks {
+                    self.counters.pool_hits += 1;
+                    self.reuse_seen = true;
+                }
+                return Ok(handle);
+            }
             Err(Some(err)) => return Err(err),
             Err(None) => {}
         }
@@ -308,13 +322,21 @@ impl<D: DeviceMemory> StreamMemory<D> {
         }
     }
 
-    /// Whether this stream reserves `size` through the engine for the first time (and
-    /// remembers it).
+    /// Whether this stream reserves `size` (padded to CubeCL's alignment, CubeCL's key) for
+    /// the first time (and remembers it).
     fn first_sight(&mut self, size: u64) -> bool {
         if self.seen_sizes.len() >= MAX_SEEN_SIZES {
             self.seen_sizes.clear();
         }
-        self.seen_sizes.insert(size)
+        self.seen_sizes
+            .insert(size.div_ceil(self.alignment) * self.alignment)
+    }
+
+    /// Whether a walk could find a free slice: the last one released some, or CubeCL has
+    /// reused a freed slice since (tensors are being dropped). A model load, where nothing
+    /// is dropped, thus earns and spends no placement credit after its first walk.
+    fn drops_possible(&self) -> bool {
+        self.last_released > 0 || self.reuse_seen
     }
 
     /// Slice-visits of a walk now.
@@ -359,6 +381,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
         self.counters.reclaim_work += visited as u64;
         self.manager.cleanup(true);
         let released = visited - self.manager.storage().blocks();
+        self.last_released = released;
         self.last_productive = released > 0 && released * PRODUCTIVE_SHARE >= visited;
         self.reserved_mark = self.manager.storage().allocator().memory_reserved();
         self.reuse_seen = false;
