@@ -27,8 +27,8 @@
 //! [`CREDIT_PER_RESERVE`], every placement candidate [`NEW_SIZE_CREDIT`] more, and a walk
 //! runs when the budget covers the stream's slice count (placement reclaims only then; growth
 //! reclaims also on the two signs below). Loading a model of n parameters, where nothing is
-//! dropped, earns no placement credit after its first walk and walks at geometrically spaced
-//! points: O(1) amortised work per parameter (`benches/model_load`).
+//! dropped, earns no placement credit and walks only when the budget covers a would-grow
+//! miss, at geometrically spaced points: O(1) amortised work per parameter (`benches/model_load`).
 //!
 //! A would-grow miss the budget cannot pay for still walks when
 //!
@@ -175,7 +175,8 @@ pub struct StreamMemory<D: DeviceMemory> {
     reuse_seen: bool,
     /// Whether the last reclaim released at least 1/[`PRODUCTIVE_SHARE`] of the slices.
     last_productive: bool,
-    /// Slices the last reclaim released (`usize::MAX` before the first one).
+    /// Slices the last reclaim released (0 before the first one: a new stream has dropped
+    /// nothing).
     last_released: usize,
     /// The large sizes (padded) this stream reserved.
     seen_sizes: HashSet<u64>,
@@ -208,7 +209,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
             reserved_mark: 0,
             reuse_seen: false,
             last_productive: false,
-            last_released: usize::MAX,
+            last_released: 0,
             seen_sizes: HashSet::new(),
             alignment: properties.alignment.max(1),
             counters: ReclaimCounters::default(),
