@@ -1,9 +1,10 @@
 //! Loading a model of n parameters through the layering users run (CubeCL's persistent
 //! `MemoryManagement` over `EngineStorage`, with the amortised reclaim policy), on the
-//! simulated device. Every parameter is a new size over 10 MiB, so every reservation misses
-//! both caches and would grow the engine: the worst case for the reclaim. With the budget the
-//! time per parameter stays flat as n grows from 1,000 to 10,000; a reclaim at every miss would
-//! make it grow linearly (the scan covers every live slice).
+//! simulated device. Every parameter is a new size over 10 MiB, so every reservation is a new
+//! large size (a placement reclaim candidate), misses both caches and would grow the engine:
+//! the worst case for the reclaim. With the budget (4 slice-visits per reservation, 32 more
+//! per new large size) the time per parameter stays flat as n grows from 1,000 to 10,000; a
+//! reclaim at every miss would make it grow linearly (the scan covers every live slice).
 
 use std::sync::Arc;
 

@@ -16,7 +16,9 @@
 //!   CUDA with the `cuda` feature);
 //! - [`runner`]: replays and measurements (latency, device calls, peaks), read from a
 //!   [`Metered`](burn_caching_alloc::device::metered::Metered) device;
-//! - [`report`]: Markdown and JSON output.
+//! - [`report`]: Markdown and JSON output;
+//! - [`tune`]: `replay --tune`, a grid of engine configurations replayed through
+//!   `caching-stack`, ranked.
 //!
 //! The `replay` binary (`cargo run --release -p replay`, `--device sim|cuda`) and the criterion
 //! bench (`cargo bench -p replay`, simulated device) are the front ends.
@@ -35,6 +37,7 @@ pub mod rng;
 pub mod runner;
 pub mod training;
 pub mod transformer;
+pub mod tune;
 
 pub use allocator::{AllocatorKind, DEFAULT_DEVICE_CAPACITY, ReplayAllocator, ReplayError};
 pub use builtin::{

@@ -9,14 +9,18 @@ use super::runner::Measurement;
 pub struct JsonRow {
     pub trace: String,
     pub allocator: String,
+    /// The engine's configuration string (`""`: default rules); `null` for CubeCL's pools.
+    pub config: Option<String>,
     pub ns_per_op_median: f64,
     pub ns_per_op_p99: f64,
     pub device_allocs: u64,
     pub device_frees: u64,
     pub peak_allocated: u64,
     pub peak_reserved: u64,
-    /// Beyond the required keys: mean latency, operations, reserved/allocated, OOMs.
+    /// Beyond the required keys: mean latency, median over mallocs, operations,
+    /// reserved/allocated, OOMs.
     pub ns_per_op_mean: f64,
+    pub ns_per_malloc_median: f64,
     pub ops: usize,
     pub peak_reserved_over_allocated: f64,
     pub ooms: u64,
@@ -27,6 +31,7 @@ impl From<&Measurement> for JsonRow {
         Self {
             trace: m.trace.clone(),
             allocator: m.allocator.name().to_string(),
+            config: m.config.clone(),
             ns_per_op_median: m.ns_per_op_median,
             ns_per_op_p99: m.ns_per_op_p99,
             device_allocs: m.device_allocs,
@@ -34,6 +39,7 @@ impl From<&Measurement> for JsonRow {
             peak_allocated: m.peak_allocated,
             peak_reserved: m.peak_reserved,
             ns_per_op_mean: m.ns_per_op_mean,
+            ns_per_malloc_median: m.ns_per_malloc_median,
             ops: m.ops,
             peak_reserved_over_allocated: m.reserved_ratio(),
             ooms: m.ooms,
@@ -51,22 +57,34 @@ pub fn mib(bytes: u64) -> String {
     format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
-/// The measurements as a Markdown table, one row per trace and allocator.
+/// How a table shows a measurement's configuration: `-` for CubeCL's pools, `default` for
+/// the default rules, else the string itself.
+pub fn config_label(config: Option<&str>) -> &str {
+    match config {
+        None => "-",
+        Some("") => "default",
+        Some(text) => text,
+    }
+}
+
+/// The measurements as a Markdown table, one row per trace, allocator and configuration.
 pub fn markdown_table(measurements: &[Measurement]) -> String {
     let mut out = String::from(
-        "| trace | allocator | ops | ns/op median | ns/op p99 | ns/op mean | device allocs | \
+        "| trace | allocator | config | ops | ns/op median | ns/op p99 | ns/op mean | ns/malloc median | device allocs | \
          device frees | peak allocated | peak reserved | reserved / allocated | OOMs |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for m in measurements {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {:.3} | {} |\n",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {:.3} | {} |\n",
             m.trace,
             m.allocator,
+            config_label(m.config.as_deref()),
             m.ops,
             m.ns_per_op_median,
             m.ns_per_op_p99,
             m.ns_per_op_mean,
+            m.ns_per_malloc_median,
             m.device_allocs,
             m.device_frees,
             mib(m.peak_allocated),

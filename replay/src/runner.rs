@@ -22,7 +22,7 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use burn_caching_alloc::alloc::AllocatorConfig;
+use burn_caching_alloc::alloc::{AllocatorConfig, ConfigError};
 use burn_caching_alloc::device::metered::{Meter, Metered};
 use cubecl_runtime::memory_management::MemoryConfiguration;
 
@@ -129,6 +129,9 @@ pub struct MeasureOptions {
     pub runs: usize,
     /// The engine's configuration for `caching` and `caching-stack`.
     pub engine_config: AllocatorConfig,
+    /// The string `engine_config` was parsed from (`""`: the default rules), which the
+    /// measurements of `caching` and `caching-stack` carry.
+    pub config_text: String,
 }
 
 impl MeasureOptions {
@@ -138,7 +141,16 @@ impl MeasureOptions {
             capacity: DEFAULT_DEVICE_CAPACITY,
             runs,
             engine_config: AllocatorConfig::default(),
+            config_text: String::new(),
         }
+    }
+
+    /// The same options with the engine configured by `text` (PyTorch's syntax, as in
+    /// `BURN_CACHING_ALLOC_CONF`); an error if the engine does not accept it.
+    pub fn with_config(mut self, text: &str) -> Result<Self, ConfigError> {
+        self.engine_config = AllocatorConfig::parse(text)?;
+        self.config_text = text.trim().to_string();
+        Ok(self)
     }
 }
 
@@ -147,10 +159,17 @@ impl MeasureOptions {
 pub struct Measurement {
     pub trace: String,
     pub allocator: AllocatorKind,
+    /// The engine's configuration string for `caching` and `caching-stack` (`""`: the
+    /// default rules); `None` for CubeCL's pools, which the engine's rules do not touch.
+    pub config: Option<String>,
     pub ops: usize,
     pub ns_per_op_median: f64,
     pub ns_per_op_p99: f64,
     pub ns_per_op_mean: f64,
+    /// Median over mallocs only: a free of a CubeCL handle only drops it, so with half the
+    /// operations frees the median over all operations sits where frees end and mallocs
+    /// begin, and says little about either.
+    pub ns_per_malloc_median: f64,
     /// Segments the allocator asked of the device, and returned, during the instrumented
     /// pass (what dropping the allocator returns afterwards is not counted).
     pub device_allocs: u64,
@@ -349,6 +368,15 @@ pub fn measure_with<R: ReplayDevice, A: ReplayAllocator>(
     for sample in &mut samples {
         *sample = sample.saturating_sub(overhead);
     }
+    // Every pass times every operation, in order: sample j is operation j mod ops.
+    let ops = program.ops();
+    let mut malloc_samples: Vec<u32> = samples
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| matches!(ops[j % ops.len()], Op::Malloc { .. }))
+        .map(|(_, &ns)| ns)
+        .collect();
+    malloc_samples.sort_unstable();
     samples.sort_unstable();
     let mean = if samples.is_empty() {
         0.0
@@ -356,13 +384,19 @@ pub fn measure_with<R: ReplayDevice, A: ReplayAllocator>(
         samples.iter().map(|&s| s as f64).sum::<f64>() / samples.len() as f64
     };
 
+    let config = match kind {
+        AllocatorKind::Caching | AllocatorKind::CachingStack => Some(options.config_text.clone()),
+        AllocatorKind::CubeclSubslices | AllocatorKind::CubeclExclusive => None,
+    };
     Ok(Measurement {
         trace: trace.to_string(),
         allocator: kind,
+        config,
         ops: program.ops().len(),
         ns_per_op_median: quantile(&samples, 0.5),
         ns_per_op_p99: quantile(&samples, 0.99),
         ns_per_op_mean: mean,
+        ns_per_malloc_median: quantile(&malloc_samples, 0.5),
         device_allocs: reading.allocs,
         device_frees: reading.frees,
         peak_allocated: instrument.live_at_peak,

@@ -1,36 +1,48 @@
 //! When freed CubeCL slices go back to the engine.
 //!
-//! CubeCL's persistent pool keeps a freed slice for the next tensor of exactly the same size;
-//! any other size is a new engine block. Left alone, memory held in free slices of sizes that
-//! never come back would make the engine grow while reclaimable memory exists. So every
-//! reservation first asks for a cached engine block only ([`Growth::CacheOnly`]); if neither
-//! CubeCL's pool nor the engine's cache can serve it, the engine would have to grow, and the
-//! stream first reclaims: `cleanup(true)` hands every free slice back to the engine (which
-//! coalesces them), then the reservation is retried with growth allowed.
+//! CubeCL's persistent pool keeps a freed slice for the next tensor of exactly the same size,
+//! and hands it to the engine only when `cleanup(true)` walks every slice of the stream (live
+//! or free; CubeCL gives no other way to learn that a handle was dropped). Memory held in free
+//! slices is invisible to the engine: it can neither reuse it for other sizes nor coalesce it,
+//! so a stack that walks too rarely reserves more than the engine alone (up to 1.44x on the
+//! replay's traces), and one that walks at every reservation pays O(slices) per tensor.
 //!
-//! `cleanup(true)` walks every slice of the stream, live or free. Run at every would-grow miss,
-//! loading a model of n parameters (each one a miss) would cost O(n^2). The reclaim is therefore
-//! paid from a budget: every reservation earns [`CREDIT_PER_RESERVE`] slice-visits, and a
-//! reclaim spends as many as the stream has slices. A reclaim runs only when the budget covers
-//! it, so the reclaim work over any sequence of reservations is at most
-//! `CREDIT_PER_RESERVE` x reservations: O(1) amortised per allocation. When a model loads, the
-//! slice count grows by one per reservation, so reclaims happen at geometrically spaced points
-//! (each time the count has grown by a quarter); in steady training, where the slice count is
-//! stable, a reclaim is affordable every `slices / CREDIT_PER_RESERVE` reservations.
+//! A reservation therefore goes, in order:
 //!
-//! The budget alone lets a stream with many live slices (a large model) grow for a long time
-//! between reclaims while its churning activations leave free slices of odd sizes behind. So a
-//! would-grow miss the budget cannot pay for still reclaims when (a) CubeCL has reused a freed
-//! slice since the stream's last reclaim, the sign that tensors are being dropped, and (b) the
-//! engine's reserved memory has grown by 1/[`GROWTH_STEP`] since then. (a) keeps loading a
-//! model, where nothing is dropped and a walk would find nothing, at the budget's cost; (b)
-//! bounds the number of such walks by the growth of device memory (about `GROWTH_STEP` x
-//! ln(growth factor) while memory only grows), and each one stands in front of a device
-//! allocation anyway. On the replay's many-parameters trace this takes the stack from 1.9x to
-//! 1.45x the engine's peak reserved memory.
+//! 1. for a *large* request (over the engine's 1 MiB small-pool limit) of a size this stream
+//!    has never reserved (so CubeCL's pool, keyed by the padded size, cannot hold one), when
+//!    tensors are being dropped (the last walk released a slice, or CubeCL reused one since):
+//!    a **placement reclaim**. The walk hands the free slices back before the engine chooses
+//!    where the new size goes, so best fit and coalescing see what the engine alone would
+//!    see. Sizes seen before are the steady state of a fixed-shape loop: CubeCL's pool serves
+//!    them, and a walk would only give back slices about to be reused (walking for sizes
+//!    merely absent from the pool made such loops walk every step). Small requests live in
+//!    2 MiB segments, where a late placement costs little;
+//! 2. to CubeCL's exact-size reuse, else the engine's cache only ([`Growth::CacheOnly`]);
+//! 3. when the engine would grow, to a **growth reclaim**, then to the engine with growth
+//!    allowed; on a real failure (the engine's own out-of-memory path already ran) to an
+//!    unconditional reclaim and one retry.
 //!
-//! On a real failure (the engine's own out-of-memory path already ran) the stream reclaims
-//! unconditionally and retries once: an out-of-memory error is rare, and worth a full scan.
+//! Walks are paid from a budget of slice-visits: every reservation earns
+//! [`CREDIT_PER_RESERVE`], every placement candidate [`NEW_SIZE_CREDIT`] more, and a walk
+//! runs when the budget covers the stream's slice count (placement reclaims only then; growth
+//! reclaims also on the two signs below). Loading a model of n parameters, where nothing is
+//! dropped, earns no placement credit and walks only when the budget covers a would-grow
+//! miss, at geometrically spaced points: O(1) amortised work per parameter (`benches/model_load`).
+//!
+//! A would-grow miss the budget cannot pay for still walks when
+//!
+//! - the stream's last walk was **productive**: it released at least 1/[`PRODUCTIVE_SHARE`]
+//!   of the slices it visited. Its cost was then at most `PRODUCTIVE_SHARE` visits per
+//!   released slice, each released slice was one earlier reservation, so these walks too stay
+//!   O(1) amortised; and a model load, whose walks release nothing, never takes this path;
+//! - or CubeCL has reused a freed slice since the stream's last walk (tensors are being
+//!   dropped) and the engine's reserved memory has grown by 1/[`GROWTH_STEP`] since then: at
+//!   most about `GROWTH_STEP` x ln(growth factor) such walks while memory only grows, each in
+//!   front of a device allocation anyway.
+//!
+//! On the replay's built-in traces this keeps `caching-stack` within 5 % of the engine
+//! alone's peak reserved memory (README, Results).
 //!
 //! While the engine records its history ([`ReclaimPolicy::EveryReserve`]), the stream reclaims
 //! before every reservation instead: CubeCL's exact-size reuse is bypassed, so every tensor's
@@ -39,6 +51,7 @@
 //! then the workload itself, a fair input for any allocator, and not just what missed CubeCL's
 //! pool. This costs one walk of the stream's slices per reservation: a diagnostic mode.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use cubecl_ir::MemoryDeviceProperties;
@@ -46,16 +59,27 @@ use cubecl_runtime::memory_management::{ManagedMemoryHandle, MemoryUsage};
 use cubecl_runtime::server::IoError;
 
 use super::storage::{Growth, PersistentManager, persistent_manager};
-use crate::alloc::{AllocError, CachingAllocator};
+use crate::alloc::{AllocError, CachingAllocator, PoolKind};
 use crate::device::{DeviceMemory, StreamId};
 
 /// Slice-visits of reclaim work each reservation pays for.
 pub(crate) const CREDIT_PER_RESERVE: u64 = 4;
 
+/// Slice-visits a pool miss of a large request of a new size adds to the budget.
+pub(crate) const NEW_SIZE_CREDIT: u64 = 32;
+
 /// A would-grow miss of a stream that is dropping tensors reclaims even when the budget is
 /// short once the engine's reserved memory has grown by 1/`GROWTH_STEP` since the stream's
 /// last reclaim.
 pub(crate) const GROWTH_STEP: u64 = 32;
+
+/// A walk that released at least 1/`PRODUCTIVE_SHARE` of the slices it visited lets the
+/// stream's next would-grow miss walk even when the budget is short.
+pub(crate) const PRODUCTIVE_SHARE: usize = 256;
+
+/// The distinct large sizes a stream remembers; past this many the memory starts over
+/// (a workload with that many distinct large sizes has no steady state to protect).
+const MAX_SEEN_SIZES: usize = 1 << 16;
 
 /// The amortisation budget of one stream's reclaims.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,9 +88,9 @@ pub(crate) struct ReclaimBudget {
 }
 
 impl ReclaimBudget {
-    /// Earns the credit of one reservation.
-    pub(crate) fn earn(&mut self) {
-        self.credits = self.credits.saturating_add(CREDIT_PER_RESERVE);
+    /// Earns `credit` slice-visits.
+    pub(crate) fn earn(&mut self, credit: u64) {
+        self.credits = self.credits.saturating_add(credit);
     }
 
     /// Spends `cost` slice-visits if the budget covers them.
@@ -83,8 +107,8 @@ impl ReclaimBudget {
 /// When a stream hands CubeCL's free slices back to the engine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ReclaimPolicy {
-    /// Only when the engine would otherwise grow, paid from an amortisation budget (each
-    /// reservation earns 4 slice-visits of reclaim work).
+    /// Before the engine places a new large size, and before it would grow, paid from an
+    /// amortisation budget (see the module documentation).
     #[default]
     Amortised,
     /// Before every reservation, so the engine sees every tensor (for recording traces).
@@ -97,10 +121,17 @@ pub enum ReclaimPolicy {
 pub struct ReclaimCounters {
     /// Reservations asked of this stream.
     pub reserves: u64,
+    /// Reservations CubeCL's pool served from a free slice of exactly the size.
+    pub pool_hits: u64,
+    /// Reclaims run before the engine placed a large request of a size new to the stream.
+    pub placement_reclaims: u64,
+    /// Would-grow misses the budget could not pay for, reclaimed anyway because the stream's
+    /// last reclaim released at least 1/256 of the slices it visited.
+    pub productive_reclaims: u64,
     /// Reservations that neither CubeCL's pool nor the engine's cache could serve.
     pub would_grow: u64,
-    /// Reclaims run before a reservation (budgeted, or every one under
-    /// [`ReclaimPolicy::EveryReserve`]).
+    /// Reclaims run before a would-grow reservation paid by the budget (or before every
+    /// reservation under [`ReclaimPolicy::EveryReserve`]).
     pub reclaims: u64,
     /// Would-grow misses the budget could not pay for, reclaimed anyway because CubeCL had
     /// reused a freed slice and the engine's reserved memory had grown by 1/32
@@ -142,6 +173,15 @@ pub struct StreamMemory<D: DeviceMemory> {
     /// Whether CubeCL reused a freed slice since the last reclaim (so tensors are being
     /// dropped, and free slices of other sizes may be waiting).
     reuse_seen: bool,
+    /// Whether the last reclaim released at least 1/[`PRODUCTIVE_SHARE`] of the slices.
+    last_productive: bool,
+    /// Slices the last reclaim released (0 before the first one: a new stream has dropped
+    /// nothing).
+    last_released: usize,
+    /// The large sizes (padded) this stream reserved.
+    seen_sizes: HashSet<u64>,
+    /// CubeCL's slice alignment (sizes are padded to it).
+    alignment: u64,
     counters: ReclaimCounters,
 }
 
@@ -168,6 +208,10 @@ impl<D: DeviceMemory> StreamMemory<D> {
             budget: ReclaimBudget::default(),
             reserved_mark: 0,
             reuse_seen: false,
+            last_productive: false,
+            last_released: 0,
+            seen_sizes: HashSet::new(),
+            alignment: properties.alignment.max(1),
             counters: ReclaimCounters::default(),
         }
     }
@@ -198,10 +242,11 @@ impl<D: DeviceMemory> StreamMemory<D> {
         self.manager.memory_usage()
     }
 
-    /// Reserves `size` bytes: CubeCL's exact-size reuse, else a cached engine block, else a
-    /// (budgeted) reclaim and an engine allocation that may grow; on failure an unconditional
-    /// reclaim and one retry. Under [`ReclaimPolicy::EveryReserve`]: a reclaim, then the
-    /// engine allocation.
+    /// Reserves `size` bytes: for a new large size, when the budget covers it, a placement
+    /// reclaim first; then CubeCL's exact-size reuse, else a cached engine block, else a growth
+    /// reclaim when the budget or the signs allow it and an engine allocation that may grow;
+    /// on failure an unconditional reclaim and one retry. Under
+    /// [`ReclaimPolicy::EveryReserve`]: a reclaim, then the engine allocation.
     pub fn reserve(&mut self, size: u64) -> Result<ManagedMemoryHandle, ReserveError> {
         self.counters.reserves += 1;
         if self.policy == ReclaimPolicy::EveryReserve {
@@ -209,32 +254,44 @@ impl<D: DeviceMemory> StreamMemory<D> {
             self.reclaim();
             return self.reserve_growing(size);
         }
-        self.budget.earn();
+        self.budget.earn(CREDIT_PER_RESERVE);
+
+        // A size this stream never reserved cannot be in CubeCL's pool (its key is the size
+        // padded to the alignment): it will go to the engine, which should see the free
+        // slices first.
+        if PoolKind::for_size(size) == PoolKind::Large
+            && self.first_sight(size)
+            && self.drops_possible()
+        {
+            self.budget.earn(NEW_SIZE_CREDIT);
+            let cost = self.walk_cost();
+            if self.budget.try_spend(cost) {
+                self.counters.placement_reclaims += 1;
+                self.reclaim();
+            }
+        }
 
         let blocks = self.manager.storage().blocks();
-        self.manager.storage().set_growth(Growth::CacheOnly);
-        let first = self.manager.reserve(size);
-        self.manager.storage().set_growth(Growth::Allowed);
-        let refused = self.manager.storage().take_refused();
-        match first {
+        match self.reserve_limited(size, Growth::CacheOnly) {
             Ok(handle) => {
                 // No new engine block: CubeCL reused a slice a dropped tensor left free.
                 if self.manager.storage().blocks() == blocks {
+                    self.counters.pool_hits += 1;
                     self.reuse_seen = true;
                 }
                 return Ok(handle);
             }
-            Err(io) if !refused => {
-                let engine = self.manager.storage().take_error();
-                return Err(ReserveError { io, engine });
-            }
-            Err(_) => {}
+            Err(Some(err)) => return Err(err),
+            Err(None) => {}
         }
 
         self.counters.would_grow += 1;
-        let cost = (self.manager.storage().blocks() as u64).max(1);
+        let cost = self.walk_cost();
         if self.budget.try_spend(cost) {
             self.counters.reclaims += 1;
+            self.reclaim();
+        } else if self.last_productive {
+            self.counters.productive_reclaims += 1;
             self.reclaim();
         } else if self.reuse_seen && self.grew_past_mark() {
             self.counters.growth_reclaims += 1;
@@ -243,6 +300,49 @@ impl<D: DeviceMemory> StreamMemory<D> {
             self.counters.skipped_reclaims += 1;
         }
         self.reserve_growing(size)
+    }
+
+    /// Reserves with the storage limited to `growth`: `Err(None)` when the limit refused the
+    /// request, `Err(Some(_))` on any other failure.
+    fn reserve_limited(
+        &mut self,
+        size: u64,
+        growth: Growth,
+    ) -> Result<ManagedMemoryHandle, Option<ReserveError>> {
+        self.manager.storage().set_growth(growth);
+        let reserved = self.manager.reserve(size);
+        self.manager.storage().set_growth(Growth::Allowed);
+        let refused = self.manager.storage().take_refused();
+        match reserved {
+            Ok(handle) => Ok(handle),
+            Err(_) if refused => Err(None),
+            Err(io) => {
+                let engine = self.manager.storage().take_error();
+                Err(Some(ReserveError { io, engine }))
+            }
+        }
+    }
+
+    /// Whether this stream reserves `size` (padded to CubeCL's alignment, CubeCL's key) for
+    /// the first time (and remembers it).
+    fn first_sight(&mut self, size: u64) -> bool {
+        if self.seen_sizes.len() >= MAX_SEEN_SIZES {
+            self.seen_sizes.clear();
+        }
+        self.seen_sizes
+            .insert(size.div_ceil(self.alignment) * self.alignment)
+    }
+
+    /// Whether a walk could find a free slice: the last one released some, or CubeCL has
+    /// reused a freed slice since (tensors are being dropped). A model load, where nothing
+    /// is dropped, thus earns and spends no placement credit after its first walk.
+    fn drops_possible(&self) -> bool {
+        self.last_released > 0 || self.reuse_seen
+    }
+
+    /// Slice-visits of a walk now.
+    fn walk_cost(&mut self) -> u64 {
+        (self.manager.storage().blocks() as u64).max(1)
     }
 
     /// Reserves with engine growth allowed; on failure reclaims everything and retries once.
@@ -278,8 +378,12 @@ impl<D: DeviceMemory> StreamMemory<D> {
 
     /// Hands every free CubeCL slice of this stream back to the engine.
     pub fn reclaim(&mut self) {
-        self.counters.reclaim_work += self.manager.storage().blocks() as u64;
+        let visited = self.manager.storage().blocks();
+        self.counters.reclaim_work += visited as u64;
         self.manager.cleanup(true);
+        let released = visited - self.manager.storage().blocks();
+        self.last_released = released;
+        self.last_productive = released > 0 && released * PRODUCTIVE_SHARE >= visited;
         self.reserved_mark = self.manager.storage().allocator().memory_reserved();
         self.reuse_seen = false;
     }

@@ -18,6 +18,9 @@ const STREAM: StreamId = StreamId(7);
 /// `CREDIT_PER_RESERVE`.
 const CREDIT_PER_RESERVE: u64 = 4;
 
+/// Slice visits a large request of a new size adds: the library's `NEW_SIZE_CREDIT`.
+const NEW_SIZE_CREDIT: u64 = 32;
+
 fn engine(capacity: u64) -> (SimDevice, Arc<CachingAllocator<SimDevice>>) {
     let device = SimDevice::new(capacity);
     let allocator = Arc::new(CachingAllocator::new(
@@ -132,21 +135,97 @@ fn a_would_grow_miss_reclaims_instead_of_growing() {
     let (device, allocator) = engine(1 << 40);
     let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props());
 
-    // 12 MiB gets a 12 MiB segment of its own.
-    let big = memory.reserve(12 * MIB).expect("reserve");
-    drop(big);
-    // 11 MiB: no free slice of that size, no free engine block: the engine would grow.
-    // The stream reclaims the free 12 MiB slice first, and the engine reuses its segment.
-    let _smaller = memory.reserve(11 * MIB).expect("reserve");
+    // Four 512 KiB slices fill one 2 MiB small segment (the first one had to grow).
+    let mut held: Vec<_> = (0..4)
+        .map(|_| memory.reserve(512 * 1024).expect("reserve"))
+        .collect();
+    assert_eq!(device.counters().allocs, 1);
+    held.pop();
+    // 256 KiB: no free slice of that size, no free engine block (the dropped slice is still
+    // CubeCL's): the engine would grow. The stream reclaims the free slice first and the
+    // engine splits it instead of allocating a second segment.
+    let _smaller = memory.reserve(256 * 1024).expect("reserve");
     let counters = memory.counters();
-    assert_eq!(counters.reserves, 2);
+    assert_eq!(counters.reserves, 5);
+    assert_eq!(counters.would_grow, 2, "{counters:?}");
+    assert_eq!(counters.reclaims, 2, "{counters:?}");
     assert_eq!(
-        counters.would_grow, 2,
-        "the first reservation also had to grow"
+        counters.placement_reclaims, 0,
+        "small requests never place-reclaim"
     );
-    assert_eq!(counters.reclaims, 2);
     assert_eq!(device.counters().allocs, 1, "no second segment");
-    assert_eq!(allocator.stats().memory_reserved(), 12 * MIB);
+    assert_eq!(allocator.stats().memory_reserved(), 2 * MIB);
+}
+
+#[test]
+fn a_new_large_size_reclaims_before_the_engine_places_it() {
+    let (device, allocator) = engine(1 << 40);
+    let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props());
+
+    // 12 MiB gets a 12 MiB segment of its own; 4 MiB is cut from a 20 MiB segment. The
+    // 12 MiB tensor is dropped, CubeCL's pool serves the next 12 MiB tensor from its slice (a
+    // sign that tensors are being dropped), and that one is dropped too.
+    let big = memory.reserve(12 * MIB).expect("reserve");
+    let small = memory.reserve(4 * MIB).expect("reserve");
+    drop(big);
+    drop(memory.reserve(12 * MIB).expect("CubeCL reuse"));
+    // 11 MiB: no slice of that size, so CubeCL's pool cannot serve it, and the engine's cache
+    // could serve it from the 20 MiB segment's free 16 MiB. The stream first hands the free
+    // 12 MiB slice back, so best fit picks the 12 MiB block, as the engine alone would.
+    let eleven = memory.reserve(11 * MIB).expect("reserve");
+    let counters = memory.counters();
+    // 12 MiB and 4 MiB do not walk before placement (nothing was dropped yet), 11 MiB does.
+    assert_eq!(counters.placement_reclaims, 1, "{counters:?}");
+    assert_eq!(counters.pool_hits, 1, "{counters:?}");
+    assert_eq!(counters.would_grow, 2, "{counters:?}");
+    assert_eq!(device.counters().allocs, 2, "no third segment");
+    let resolved = memory.manager().storage().blocks();
+    assert_eq!(resolved, 2);
+    let snapshot = allocator.snapshot();
+    let twelve = snapshot
+        .segments
+        .iter()
+        .find(|s| s.total_size == 12 * MIB)
+        .expect("the 12 MiB segment is still there");
+    // 11 MiB rounds to 12 MiB's block whole (a large block is split only for a remainder
+    // over 1 MiB), and the 20 MiB segment keeps its free 16 MiB for the next large tensor.
+    assert_eq!(twelve.allocated_size, 12 * MIB, "{snapshot:?}");
+    assert_eq!(allocator.stats().allocated_bytes.all.current, 16 * MIB);
+
+    // The same size again, freed: CubeCL's pool serves it, with no walk (a seen size).
+    drop(eleven);
+    let again = memory.reserve(11 * MIB).expect("reserve");
+    let after = memory.counters();
+    assert_eq!(after.pool_hits, 2);
+    assert_eq!(after.placement_reclaims, counters.placement_reclaims);
+    assert_eq!(after.reclaim_work, counters.reclaim_work);
+    drop((again, small));
+}
+
+#[test]
+fn a_fixed_shape_loop_keeps_cubecls_reuse_and_never_walks() {
+    let (device, allocator) = engine(1 << 40);
+    let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props());
+    let sizes = [3 * MIB, 24 * MIB, 512 * 1024, 7 * MIB];
+    let step = |memory: &mut StreamMemory<SimDevice>| {
+        let tensors: Vec<_> = sizes
+            .iter()
+            .map(|&size| memory.reserve(size).expect("reserve"))
+            .collect();
+        drop(tensors);
+    };
+    step(&mut memory);
+    let first = (memory.counters(), device.counters().allocs);
+    for _ in 0..100 {
+        step(&mut memory);
+    }
+    let counters = memory.counters();
+    // After the first step every reservation is CubeCL's exact-size reuse: no walk, no
+    // engine call, no device call.
+    assert_eq!(counters.pool_hits, first.0.pool_hits + 400, "{counters:?}");
+    assert_eq!(counters.reclaim_work, first.0.reclaim_work);
+    assert_eq!(device.counters().allocs, first.1);
+    assert_eq!(allocator.stats().num_device_alloc, first.1);
 }
 
 #[test]
@@ -163,46 +242,20 @@ fn loading_ten_thousand_parameters_costs_constant_reclaim_work_per_allocation() 
     assert_eq!(counters.reserves, n);
     assert_eq!(counters.would_grow, n);
     // The budget bounds the total work of all reclaims by a constant per reservation...
-    assert!(counters.reclaim_work <= CREDIT_PER_RESERVE * n);
-    // ...so reclaims happen at geometrically spaced points, not at every miss.
+    // ...so reclaims happen at geometrically spaced points, not at every miss: nothing is
+    // dropped, so no placement credit is earned and no placement walk runs.
+    assert!(
+        counters.reclaim_work <= CREDIT_PER_RESERVE * n + NEW_SIZE_CREDIT,
+        "{counters:?}"
+    );
+    assert_eq!(counters.placement_reclaims, 0, "{counters:?}");
     assert!(counters.reclaims < 64, "{counters:?}");
-    // No tensor was dropped, so growing memory is no reason to walk the slices.
+    // No tensor was dropped: no walk released anything, so none was walked for that reason.
     assert_eq!(counters.growth_reclaims, 0, "{counters:?}");
+    assert_eq!(counters.productive_reclaims, 0, "{counters:?}");
     assert_eq!(counters.reclaims + counters.skipped_reclaims, n);
     assert_eq!(device.counters().allocs, n);
     drop(params);
-}
-
-#[test]
-fn out_of_memory_reclaims_unconditionally_then_succeeds() {
-    // Room for exactly eight 12 MiB segments.
-    let (device, allocator) = engine(96 * MIB);
-    let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props());
-
-    let held: Vec<_> = (0..8)
-        .map(|_| memory.reserve(12 * MIB).expect("reserve"))
-        .collect();
-    assert_eq!(device.bytes_in_use(), 96 * MIB);
-    // A reclaim while every slice is live returns nothing, but marks the engine's reserved
-    // memory (96 MiB): no growth since then, so no growth reclaim below.
-    memory.reclaim();
-    drop(held);
-
-    // The ninth would-grow miss finds the budget short (8 slices to scan, 7 credits) and no
-    // growth of reserved memory since the last reclaim, so it goes to the engine without
-    // reclaiming; the device is full of CubeCL's free slices and the
-    // engine has nothing cached: it fails. The stream then reclaims unconditionally and the
-    // engine frees the returned segments and retries.
-    let handle = memory
-        .reserve(14 * MIB)
-        .expect("reserve after the out-of-memory reclaim");
-    let counters = memory.counters();
-    assert_eq!(counters.skipped_reclaims, 1, "{counters:?}");
-    assert_eq!(counters.oom_reclaims, 1, "{counters:?}");
-    assert_eq!(memory.manager().storage().blocks(), 1);
-    assert_eq!(device.live_segments().len(), 1);
-    assert_eq!(allocator.stats().memory_reserved(), 14 * MIB);
-    drop(handle);
 }
 
 #[test]
@@ -326,24 +379,70 @@ fn load_churn_then_grow(reuse: bool) -> ((ReclaimCounters, ReclaimCounters), (u6
 
 #[test]
 fn a_stream_dropping_tensors_reclaims_on_growth_even_when_the_budget_is_short() {
-    // The budget is short at the 60 MiB miss either way (the load spent it); memory grew by
-    // 64 MiB (over 1/32 of 1.2 GiB) since the last reclaim.
+    // The 64 MiB slice was reused once, so tensors are being dropped: 60 MiB, a size the
+    // stream never reserved, is a placement candidate, but the load spent the budget (101
+    // slices to visit). The would-grow miss then walks anyway: CubeCL reused a slice and
+    // memory grew by 64 MiB (over 1/32 of 1.2 GiB) since the last walk. It visits every slice
+    // (100 parameters and the free 64 MiB one)...
     let ((before, after), (allocs_before, allocs_after)) = load_churn_then_grow(true);
+    assert_eq!(
+        after.placement_reclaims, before.placement_reclaims,
+        "{after:?}"
+    );
     assert_eq!(
         after.growth_reclaims,
         before.growth_reclaims + 1,
         "{after:?}"
     );
     assert_eq!(after.reclaims, before.reclaims, "{after:?}");
-    assert_eq!(after.skipped_reclaims, before.skipped_reclaims);
-    // The walk visited every slice: 100 parameters and the free 64 MiB one...
-    assert_eq!(after.reclaim_work, before.reclaim_work + 101);
-    // ...and the engine split the returned 64 MiB block instead of allocating.
-    assert_eq!(allocs_after, allocs_before);
+    assert_eq!(after.reclaim_work, before.reclaim_work + 101, "{after:?}");
+    // ...and the engine splits the returned 64 MiB block instead of allocating.
+    assert_eq!(allocs_after, allocs_before, "{after:?}");
 
-    // Without a reuse there is no sign that tensors are being dropped: the miss grows.
+    // Without a reuse, and with every walk so far releasing nothing, there is no sign that
+    // tensors are being dropped: the 60 MiB miss grows without a walk.
     let ((before, after), (allocs_before, allocs_after)) = load_churn_then_grow(false);
-    assert_eq!(after.growth_reclaims, 0, "{after:?}");
-    assert_eq!(after.skipped_reclaims, before.skipped_reclaims + 1);
+    assert_eq!(
+        after.placement_reclaims, before.placement_reclaims,
+        "{after:?}"
+    );
+    assert_eq!(
+        after.skipped_reclaims,
+        before.skipped_reclaims + 1,
+        "{after:?}"
+    );
     assert_eq!(allocs_after, allocs_before + 1);
+}
+
+#[test]
+fn out_of_memory_reclaims_unconditionally_then_succeeds() {
+    // Room for exactly eight 12 MiB segments.
+    let (device, allocator) = engine(96 * MIB);
+    let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props());
+
+    let held: Vec<_> = (0..8)
+        .map(|_| memory.reserve(12 * MIB).expect("reserve"))
+        .collect();
+    assert_eq!(device.bytes_in_use(), 96 * MIB);
+    // A reclaim while every slice is live returns nothing, and marks the engine's reserved
+    // memory: no growth since then, so no growth reclaim below.
+    memory.reclaim();
+    drop(held);
+
+    // 14 MiB is a new large size, but nothing shows that tensors were dropped (the last walk
+    // released nothing, CubeCL reused nothing): no placement walk. The would-grow miss finds
+    // the budget short (8 slices to scan, 7 credits) and no sign either, so it goes to the
+    // engine without reclaiming; the device is full of CubeCL's free slices and the engine
+    // has nothing cached: it fails. The stream then reclaims unconditionally and retries.
+    let handle = memory
+        .reserve(14 * MIB)
+        .expect("reserve after the out-of-memory reclaim");
+    let counters = memory.counters();
+    assert_eq!(counters.placement_reclaims, 0, "{counters:?}");
+    assert_eq!(counters.skipped_reclaims, 1, "{counters:?}");
+    assert_eq!(counters.oom_reclaims, 1, "{counters:?}");
+    assert_eq!(memory.manager().storage().blocks(), 1);
+    assert_eq!(device.live_segments().len(), 1);
+    assert_eq!(allocator.stats().memory_reserved(), 14 * MIB);
+    drop(handle);
 }

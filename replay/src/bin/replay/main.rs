@@ -7,9 +7,15 @@
 //! cargo run --release -p replay -- replay/traces/*.json.gz \
 //!     --runs 10 --json results.json --svg reserved.svg --allocators caching,cubecl-subslices
 //! cargo run --release -p replay --features cuda -- --device cuda
+//! cargo run --release -p replay -- --tune my-training.json.gz
 //! ```
 //!
-//! With no trace files it replays the built-in set (`replay::builtin`).
+//! With no trace files it replays the built-in set (`replay::builtin`); a built-in trace's
+//! name may stand for a file. `caching` and `caching-stack` run once per `--config` string
+//! (default: the default rules, then `expandable_segments:true`; a string the engine rejects
+//! is skipped with a note). `--tune TRACE...` replays a grid of configurations through
+//! `caching-stack` instead (`replay::tune`) and ends with the string to put in
+//! `BURN_CACHING_ALLOC_CONF`.
 //! `--device sim` (the default) runs on a simulated device of `--capacity-gib` GiB;
 //! `--device cuda` (feature `cuda`) runs on CUDA device 0, every pass on real device memory,
 //! with CubeCL's pools sized from the device's total memory as cubecl-cuda sizes them. Without
@@ -21,10 +27,10 @@ mod svg;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use burn_caching_alloc::alloc::AllocatorConfig;
 use clap::{Parser, ValueEnum};
-use replay::report::{json_rows, markdown_table};
+use replay::report::{config_label, json_rows, markdown_table};
 use replay::runner::timer_overhead_ns;
+use replay::tune::{recommend, tune_table, tune_traces};
 use replay::{
     AllocatorKind, DEFAULT_DEVICE_CAPACITY, MeasureOptions, Measurement, NamedTrace, Program,
     ReplayDevice, SimReplayDevice, builtin_traces, measure_on,
@@ -42,8 +48,13 @@ enum DeviceArg {
 #[derive(Parser, Debug)]
 #[command(about = "Replay allocation traces through the caching engine and CubeCL's pools")]
 struct Args {
-    /// Trace files (JSON, or gzipped JSON ending in .gz). None: the built-in set.
+    /// Trace files (JSON, or gzipped JSON ending in .gz), or built-in trace names. None: the
+    /// built-in set.
     traces: Vec<PathBuf>,
+    /// Replay a grid of engine configurations through caching-stack on the traces, rank them
+    /// and print the configuration string for BURN_CACHING_ALLOC_CONF.
+    #[arg(long)]
+    tune: bool,
     /// The device to replay on: simulated, or CUDA device 0 (built with the `cuda` feature).
     #[arg(long, value_enum, default_value_t = DeviceArg::Sim)]
     device: DeviceArg,
@@ -61,16 +72,40 @@ struct Args {
     /// of it). `--device sim` only: on CUDA the capacity is the device's total memory.
     #[arg(long, value_name = "GIB")]
     capacity_gib: Option<u64>,
-    /// The engine's configuration for caching and caching-stack, in PyTorch's syntax
-    /// (e.g. "roundup_power2_divisions:4,max_split_size_mb:128"). Default: the engine's default.
-    #[arg(long, default_value = "")]
-    caching_config: String,
+    /// An engine configuration for caching and caching-stack, in PyTorch's syntax (e.g.
+    /// "roundup_power2_divisions:4,max_split_size_mb:128"; "" is the default rules). Repeat
+    /// for one row per configuration; one the engine rejects is skipped with a note.
+    #[arg(long = "config", value_name = "STR", default_values_t = default_configs())]
+    configs: Vec<String>,
     /// Write the results as a JSON array here.
     #[arg(long)]
     json: Option<PathBuf>,
     /// Draw reserved-over-time curves (one panel per trace) into this SVG file.
     #[arg(long)]
     svg: Option<PathBuf>,
+}
+
+/// The configurations every trace runs with by default: the default rules, and expandable
+/// segments (skipped with a note while the engine does not accept the key).
+/// The environment variable the library reads its configuration from.
+const CONFIG_ENV: &str = "BURN_CACHING_ALLOC_CONF";
+
+fn default_configs() -> Vec<String> {
+    vec![String::new(), "expandable_segments:true".to_string()]
+}
+
+/// The options of every configuration the engine accepts, in order; a note for each other.
+fn accepted_configs(base: &MeasureOptions, configs: &[String]) -> Vec<MeasureOptions> {
+    configs
+        .iter()
+        .filter_map(|text| match base.clone().with_config(text) {
+            Ok(options) => Some(options),
+            Err(err) => {
+                eprintln!("note: skipping configuration {text:?}: {err}");
+                None
+            }
+        })
+        .collect()
 }
 
 fn run(args: Args) -> Result<(), String> {
@@ -90,9 +125,6 @@ fn run(args: Args) -> Result<(), String> {
             .map(|p| load::load_trace(p))
             .collect::<Result<_, _>>()?
     };
-    let engine_config = AllocatorConfig::parse(&args.caching_config)
-        .map_err(|e| format!("--caching-config {:?}: {e}", args.caching_config))?;
-
     match args.device {
         DeviceArg::Sim => {
             let gib = args.capacity_gib.unwrap_or(DEFAULT_DEVICE_CAPACITY >> 30);
@@ -102,8 +134,7 @@ fn run(args: Args) -> Result<(), String> {
                 .ok_or_else(|| format!("--capacity-gib {gib} is out of range"))?;
             let options = MeasureOptions {
                 capacity,
-                runs: args.runs,
-                engine_config,
+                ..MeasureOptions::new(args.runs)
             };
             replay_all(
                 &SimReplayDevice::new(capacity),
@@ -113,17 +144,12 @@ fn run(args: Args) -> Result<(), String> {
                 &options,
             )
         }
-        DeviceArg::Cuda => run_cuda(&args, &kinds, &traces, engine_config),
+        DeviceArg::Cuda => run_cuda(&args, &kinds, &traces),
     }
 }
 
 #[cfg(feature = "cuda")]
-fn run_cuda(
-    args: &Args,
-    kinds: &[AllocatorKind],
-    traces: &[NamedTrace],
-    engine_config: AllocatorConfig,
-) -> Result<(), String> {
+fn run_cuda(args: &Args, kinds: &[AllocatorKind], traces: &[NamedTrace]) -> Result<(), String> {
     use burn_caching_alloc::cuda::cuda_available;
     use replay::devices::CudaReplayDevice;
 
@@ -137,19 +163,13 @@ fn run_cuda(
         CudaReplayDevice::new(0).map_err(|reason| format!("CUDA is not available: {reason}"))?;
     let options = MeasureOptions {
         capacity: device.capacity(),
-        runs: args.runs,
-        engine_config,
+        ..MeasureOptions::new(args.runs)
     };
     replay_all(&device, args, kinds, traces, &options)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda(
-    _: &Args,
-    _: &[AllocatorKind],
-    _: &[NamedTrace],
-    _: AllocatorConfig,
-) -> Result<(), String> {
+fn run_cuda(_: &Args, _: &[AllocatorKind], _: &[NamedTrace]) -> Result<(), String> {
     Err(
         "--device cuda: this binary was built without the cuda feature \
          (cargo run --release -p replay --features cuda -- --device cuda)"
@@ -165,13 +185,21 @@ fn replay_all<R: ReplayDevice>(
     traces: &[NamedTrace],
     options: &MeasureOptions,
 ) -> Result<(), String> {
+    if args.tune {
+        return tune_all(device, args, traces);
+    }
+    let configs = accepted_configs(options, &args.configs);
     eprintln!(
         "device: {}; {} timed run(s) per replay; clock overhead {} ns \
-         (subtracted from every sample); engine configuration: {:?}",
+         (subtracted from every sample); engine configurations: {}",
         device.describe(),
         args.runs,
         timer_overhead_ns(),
-        args.caching_config
+        configs
+            .iter()
+            .map(|o| format!("{:?}", o.config_text))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let mut measurements: Vec<Measurement> = Vec::new();
     let mut allocated_curves = Vec::new();
@@ -188,17 +216,30 @@ fn replay_all<R: ReplayDevice>(
             );
         }
         for &kind in kinds {
-            eprintln!(
-                "replaying {} ({} ops) through {kind} ...",
-                named.name,
-                program.ops().len()
-            );
-            let m = measure_on(device, &named.name, &program, kind, options)
-                .map_err(|e| format!("trace {} through {kind}: {e}", named.name))?;
-            if m.ooms > 0 {
-                eprintln!("  {kind}: {} requests failed with out-of-memory", m.ooms);
+            let engine_rules = matches!(kind, AllocatorKind::Caching | AllocatorKind::CachingStack);
+            let runs: &[MeasureOptions] = if engine_rules {
+                &configs
+            } else {
+                std::slice::from_ref(options)
+            };
+            for options in runs {
+                let label = if engine_rules {
+                    config_label(Some(&options.config_text))
+                } else {
+                    "-"
+                };
+                eprintln!(
+                    "replaying {} ({} ops) through {kind} ({label}) ...",
+                    named.name,
+                    program.ops().len()
+                );
+                let m = measure_on(device, &named.name, &program, kind, options)
+                    .map_err(|e| format!("trace {} through {kind} ({label}): {e}", named.name))?;
+                if m.ooms > 0 {
+                    eprintln!("  {kind}: {} requests failed with out-of-memory", m.ooms);
+                }
+                measurements.push(m);
             }
-            measurements.push(m);
         }
         allocated_curves.push(program.allocated_curve());
     }
@@ -226,6 +267,34 @@ fn replay_all<R: ReplayDevice>(
             .collect();
         svg::draw(path, &panels).map_err(|e| format!("cannot draw {}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `--tune`: the grid on every trace, each ranked, then the recommendation.
+fn tune_all<R: ReplayDevice>(device: &R, args: &Args, traces: &[NamedTrace]) -> Result<(), String> {
+    eprintln!(
+        "tuning on {}; {} timed run(s) per configuration",
+        device.describe(),
+        args.runs
+    );
+    let programs = traces
+        .iter()
+        .map(|named| {
+            Program::compile(&named.trace)
+                .map(|program| (named.name.clone(), program))
+                .map_err(|e| format!("trace {}: {e}", named.name))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let reports = tune_traces(device, &programs, args.runs).map_err(|e| e.to_string())?;
+    for report in &reports {
+        println!("{}", tune_table(report));
+    }
+    let best = recommend(&reports).ok_or("no configuration was replayed on every trace")?;
+    if best.is_empty() {
+        println!("Best: the default rules (leave {CONFIG_ENV} unset):\n\n{CONFIG_ENV}=");
+    } else {
+        println!("Best configuration:\n\n{CONFIG_ENV}={best}");
     }
     Ok(())
 }
