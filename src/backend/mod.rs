@@ -111,13 +111,18 @@ pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
     let c = &stats.cubecl;
     format!(
         "{}\nCubeCL layer: {} live slices, {} B of live tensors, {} B cached in free slices \
-         (exact-size reuse), {} reclaims (+{} on growth of reserved memory, {} skipped, {} \
-         after out-of-memory)\nEngine layer: {} B reserved in segments, {} B cached in free blocks\n",
+         (exact-size reuse, {} reservations served from them), {} reclaims (+{} before placing \
+         a new size, +{} after a productive walk, +{} on growth of reserved memory, {} skipped, \
+         {} after out-of-memory)\nEngine layer: {} B reserved in segments, {} B cached in free \
+         blocks\n",
         entry.allocator.summary(),
         c.live_slices,
         c.live_bytes,
         c.cached_bytes(),
+        c.reclaim.pool_hits,
         c.reclaim.reclaims,
+        c.reclaim.placement_reclaims,
+        c.reclaim.productive_reclaims,
         c.reclaim.growth_reclaims,
         c.reclaim.skipped_reclaims,
         c.reclaim.oom_reclaims,

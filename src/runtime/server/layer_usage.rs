@@ -42,6 +42,9 @@ impl CubeclLayerUsage {
         self.slice_bytes += usage.bytes_reserved;
         let r = &mut self.reclaim;
         r.reserves += counters.reserves;
+        r.pool_hits += counters.pool_hits;
+        r.placement_reclaims += counters.placement_reclaims;
+        r.productive_reclaims += counters.productive_reclaims;
         r.would_grow += counters.would_grow;
         r.reclaims += counters.reclaims;
         r.growth_reclaims += counters.growth_reclaims;
