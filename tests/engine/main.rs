@@ -12,6 +12,7 @@ mod miss_path;
 mod oom_report;
 mod parity;
 mod props;
+mod props_expandable;
 mod rounding;
 mod snapshot_pickle;
 mod stats;
