@@ -28,6 +28,7 @@ mod burn_mlp_wgpu;
 mod burn_oom_wgpu;
 #[cfg(feature = "wgpu")]
 mod expandable_wgpu;
+#[cfg(feature = "wgpu")]
 mod history_wgpu;
 #[cfg(feature = "wgpu")]
 mod trace_wgpu;
