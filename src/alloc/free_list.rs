@@ -102,6 +102,19 @@ impl Classes {
         Some(block)
     }
 
+    /// The indices whose bit is set in the bitmap, in order.
+    fn occupied_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.occupied
+            .iter()
+            .enumerate()
+            .filter(|(_, bits)| **bits != 0)
+            .flat_map(|(word, &bits)| {
+                (0..64)
+                    .filter(move |bit| bits >> bit & 1 == 1)
+                    .map(move |bit| word * 64 + bit)
+            })
+    }
+
     /// Every block, by size then address.
     fn iter(&self) -> impl Iterator<Item = (u64, u64, BlockId)> + '_ {
         let first = self.first;
@@ -278,6 +291,88 @@ impl FreeList {
             .flat_map(Classes::iter)
             .map(|(_, _, block)| block)
             .chain(self.ordered.values().copied())
+    }
+}
+
+impl FreeList {
+    /// Every entry as (stream, size, address, block), for the engine's self-check.
+    /// Classes are found through the bitmap, so the cost is the entries, not the classes.
+    pub fn entries(&self) -> impl Iterator<Item = (StreamId, u64, u64, BlockId)> + '_ {
+        self.classes
+            .iter()
+            .flat_map(|c| {
+                c.occupied_indices().flat_map(move |index| {
+                    let size = (c.first + index) as u64 * MIN_BLOCK_SIZE;
+                    c.blocks[index]
+                        .iter()
+                        .map(move |&(address, block)| (c.stream, size, address, block))
+                })
+            })
+            .chain(
+                self.ordered
+                    .iter()
+                    .map(|(key, &block)| (key.stream, key.size, key.address, block)),
+            )
+    }
+
+    /// Checks the list's own bookkeeping: streams in order, each class vector in address
+    /// order, both bitmap levels set exactly where a vector holds a block, entries of the map
+    /// that belong in classes absent, and the count of map entries in the class range exact.
+    pub fn check(&self) -> Result<(), String> {
+        for pair in self.classes.windows(2) {
+            if pair[0].stream >= pair[1].stream {
+                return Err(format!(
+                    "free list streams out of order: {:?} before {:?}",
+                    pair[0].stream, pair[1].stream
+                ));
+            }
+        }
+        for c in &self.classes {
+            for (index, list) in c.blocks.iter().enumerate() {
+                if !list.windows(2).all(|p| p[0].0 < p[1].0) {
+                    return Err(format!(
+                        "class {} of {:?} not in address order",
+                        c.first + index,
+                        c.stream
+                    ));
+                }
+                let bit = c.occupied[index / 64] >> (index % 64) & 1 == 1;
+                if bit == list.is_empty() {
+                    return Err(format!(
+                        "class {} of {:?}: bitmap says {bit}, {} blocks",
+                        c.first + index,
+                        c.stream,
+                        list.len()
+                    ));
+                }
+            }
+            for (word, &bits) in c.occupied.iter().enumerate() {
+                let summary = c.summary[word / 64] >> (word % 64) & 1 == 1;
+                if summary != (bits != 0) {
+                    return Err(format!(
+                        "summary bit of word {word} of {:?} is {summary}",
+                        c.stream
+                    ));
+                }
+            }
+        }
+        let mut in_range = 0;
+        for key in self.ordered.keys() {
+            if self.class_of(key.size).is_some() {
+                return Err(format!(
+                    "size {} kept in the map, not in its class",
+                    key.size
+                ));
+            }
+            in_range += usize::from(key.size <= self.max_size);
+        }
+        if in_range != self.ordered_in_range {
+            return Err(format!(
+                "{in_range} map entries in the class range, counted {}",
+                self.ordered_in_range
+            ));
+        }
+        Ok(())
     }
 }
 

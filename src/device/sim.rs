@@ -1,5 +1,11 @@
 //! A simulated device: fake addresses, a fixed capacity, failure injection and call counters.
 //!
+//! Failures can be injected into every call the engine makes: allocations fail as out of
+//! memory ([`SimDevice::fail_nth_allocation`], [`SimDevice::fail_allocations_over`]), and
+//! frees, event records, event queries and synchronisations fail as driver errors
+//! ([`SimDevice::fail_next`]), so that tests can check that the engine reports each error and
+//! stays consistent.
+//!
 //! It backs the engine's tests and the benchmarks, so it runs anywhere. Clones share one
 //! device, so a test can keep a clone to inspect what the allocator did with the other.
 
@@ -32,7 +38,36 @@ pub struct SimCounters {
     pub events_synchronized: u64,
     /// `memory_info` calls.
     pub memory_info_calls: u64,
+    /// Calls failed by [`SimDevice::fail_next`] (injected driver errors that fired).
+    pub injected_failures: u64,
 }
+
+/// A device call that [`SimDevice::fail_next`] can make fail with a driver error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SimCall {
+    /// [`DeviceMemory::free`]: the segment stays allocated on the device.
+    Free,
+    /// [`DeviceMemory::record_event`].
+    RecordEvent,
+    /// [`DeviceMemory::query_event`].
+    QueryEvent,
+    /// [`DeviceMemory::synchronize_event`]: the event stays incomplete.
+    SynchronizeEvent,
+}
+
+impl SimCall {
+    fn index(self) -> usize {
+        match self {
+            SimCall::Free => 0,
+            SimCall::RecordEvent => 1,
+            SimCall::QueryEvent => 2,
+            SimCall::SynchronizeEvent => 3,
+        }
+    }
+}
+
+/// The message of every injected driver error.
+pub const INJECTED_FAILURE: &str = "injected failure";
 
 /// A simulated stream event: done once its stream was completed past it.
 #[derive(Debug)]
@@ -54,6 +89,8 @@ struct SimState {
     /// Allocation calls to fail, counted from 1 at the next call.
     fail_calls: Vec<u64>,
     fail_over: Option<u64>,
+    /// Per [`SimCall`]: how many of its next calls fail.
+    armed: [u64; 4],
     /// Per stream: the last event sequence recorded and the last completed.
     recorded: BTreeMap<StreamId, u64>,
     completed: BTreeMap<StreamId, u64>,
@@ -79,6 +116,7 @@ impl SimDevice {
                 counters: SimCounters::default(),
                 fail_calls: Vec::new(),
                 fail_over: None,
+                armed: [0; 4],
                 recorded: BTreeMap::new(),
                 completed: BTreeMap::new(),
             })),
@@ -101,6 +139,17 @@ impl SimDevice {
     /// Makes every allocation of more than `bytes` fail as out of memory (`None` lifts it).
     pub fn fail_allocations_over(&self, bytes: Option<u64>) {
         self.state.lock().fail_over = bytes;
+    }
+
+    /// Makes the next call of kind `call` fail with a driver error (arming it `n` times fails
+    /// the next `n` such calls). The failed call changes nothing on the device.
+    pub fn fail_next(&self, call: SimCall) {
+        self.state.lock().armed[call.index()] += 1;
+    }
+
+    /// Failures armed by [`SimDevice::fail_next`] that have not fired yet.
+    pub fn armed_failures(&self, call: SimCall) -> u64 {
+        self.state.lock().armed[call.index()]
     }
 
     /// Changes the capacity (already live segments stay).
@@ -141,6 +190,21 @@ impl SimDevice {
     /// The device's capacity, in bytes.
     pub fn capacity(&self) -> u64 {
         self.state.lock().capacity
+    }
+}
+
+impl SimState {
+    /// Fires an armed failure of `call`, if any.
+    fn injected(&mut self, call: SimCall) -> Result<(), DeviceError> {
+        let armed = &mut self.armed[call.index()];
+        if *armed == 0 {
+            return Ok(());
+        }
+        *armed -= 1;
+        self.counters.injected_failures += 1;
+        Err(DeviceError::Driver(format!(
+            "{INJECTED_FAILURE} of {call:?}"
+        )))
     }
 }
 
@@ -190,6 +254,7 @@ impl DeviceMemory for SimDevice {
 
     fn free(&mut self, segment: DeviceSegment<u64>) -> Result<(), DeviceError> {
         let mut state = self.state.lock();
+        state.injected(SimCall::Free)?;
         match state.live.get(&segment.address) {
             Some(&(size, handle)) if size == segment.size && handle == segment.handle => {
                 state.live.remove(&segment.address);
@@ -215,6 +280,7 @@ impl DeviceMemory for SimDevice {
 
     fn record_event(&mut self, stream: StreamId) -> Result<SimEvent, DeviceError> {
         let mut state = self.state.lock();
+        state.injected(SimCall::RecordEvent)?;
         state.counters.events_recorded += 1;
         let sequence = state.recorded.get(&stream).copied().unwrap_or(0) + 1;
         state.recorded.insert(stream, sequence);
@@ -223,12 +289,14 @@ impl DeviceMemory for SimDevice {
 
     fn query_event(&mut self, event: &SimEvent) -> Result<bool, DeviceError> {
         let mut state = self.state.lock();
+        state.injected(SimCall::QueryEvent)?;
         state.counters.events_queried += 1;
         Ok(state.completed.get(&event.stream).copied().unwrap_or(0) >= event.sequence)
     }
 
     fn synchronize_event(&mut self, event: &SimEvent) -> Result<(), DeviceError> {
         let mut state = self.state.lock();
+        state.injected(SimCall::SynchronizeEvent)?;
         state.counters.events_synchronized += 1;
         let done = state.completed.entry(event.stream).or_insert(0);
         *done = (*done).max(event.sequence);

@@ -18,6 +18,7 @@
 mod events;
 mod placement;
 mod release;
+mod self_check;
 mod snapshot;
 
 use crate::alloc::block::{BlockId, BlockState, Blocks};
