@@ -10,6 +10,7 @@ mod layout;
 mod miss_path;
 mod props;
 mod rounding;
+mod rule_edges;
 mod stats;
 mod streams;
 mod threads;
