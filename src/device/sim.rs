@@ -89,8 +89,9 @@ struct SimState {
     /// Allocation calls to fail, counted from 1 at the next call.
     fail_calls: Vec<u64>,
     fail_over: Option<u64>,
-    /// Per [`SimCall`]: how many of its next calls fail.
-    armed: [u64; 4],
+    /// Per [`SimCall`]: the calls made so far, and the call numbers that are to fail.
+    calls: [u64; 4],
+    armed: [Vec<u64>; 4],
     /// Per stream: the last event sequence recorded and the last completed.
     recorded: BTreeMap<StreamId, u64>,
     completed: BTreeMap<StreamId, u64>,
@@ -116,7 +117,8 @@ impl SimDevice {
                 counters: SimCounters::default(),
                 fail_calls: Vec::new(),
                 fail_over: None,
-                armed: [0; 4],
+                calls: [0; 4],
+                armed: Default::default(),
                 recorded: BTreeMap::new(),
                 completed: BTreeMap::new(),
             })),
@@ -141,15 +143,24 @@ impl SimDevice {
         self.state.lock().fail_over = bytes;
     }
 
-    /// Makes the next call of kind `call` fail with a driver error (arming it `n` times fails
-    /// the next `n` such calls). The failed call changes nothing on the device.
+    /// Makes the next call of kind `call` fail with a driver error. The failed call changes
+    /// nothing on the device.
     pub fn fail_next(&self, call: SimCall) {
-        self.state.lock().armed[call.index()] += 1;
+        self.fail_nth(call, 1);
     }
 
-    /// Failures armed by [`SimDevice::fail_next`] that have not fired yet.
+    /// Makes the `n`-th call of kind `call` from now (1 = the next one) fail with a driver
+    /// error, e.g. the second event record of a free that records two.
+    pub fn fail_nth(&self, call: SimCall, n: u64) {
+        let mut state = self.state.lock();
+        let at = state.calls[call.index()] + n;
+        state.armed[call.index()].push(at);
+    }
+
+    /// Failures armed by [`SimDevice::fail_next`] or [`SimDevice::fail_nth`] that are still
+    /// to fire.
     pub fn armed_failures(&self, call: SimCall) -> u64 {
-        self.state.lock().armed[call.index()]
+        self.state.lock().armed[call.index()].len() as u64
     }
 
     /// Changes the capacity (already live segments stay).
@@ -194,13 +205,17 @@ impl SimDevice {
 }
 
 impl SimState {
-    /// Fires an armed failure of `call`, if any.
+    /// Counts a call of kind `call` and fails it if it was armed to fail.
     fn injected(&mut self, call: SimCall) -> Result<(), DeviceError> {
-        let armed = &mut self.armed[call.index()];
-        if *armed == 0 {
+        let i = call.index();
+        self.calls[i] += 1;
+        let current = self.calls[i];
+        let armed = &mut self.armed[i];
+        let fires = armed.contains(&current);
+        armed.retain(|&at| at > current);
+        if !fires {
             return Ok(());
         }
-        *armed -= 1;
         self.counters.injected_failures += 1;
         Err(DeviceError::Driver(format!(
             "{INJECTED_FAILURE} of {call:?}"

@@ -197,6 +197,39 @@ fn a_failing_event_record_is_reported_and_the_allocator_stays_consistent() {
     check_invariants(&alloc, &device);
 }
 
+/// PyTorch's `insert_events`: when the second of two event records fails, the first event
+/// was recorded and counts; the block waits for it, is not reused before it completes, and is
+/// freed once it has.
+#[test]
+fn a_failing_second_event_record_leaves_the_block_waiting_for_the_first() {
+    let (alloc, device) = allocator(64 * MIB, "");
+    let a = alloc.malloc(4096, S0).unwrap();
+    let address = a.address();
+    alloc.record_stream(&a, S1).unwrap();
+    alloc.record_stream(&a, StreamId(2)).unwrap();
+    device.fail_nth(SimCall::RecordEvent, 2);
+    assert_injected(alloc.free(a).unwrap_err(), SimCall::RecordEvent);
+    assert_eq!(device.counters().events_recorded, 1);
+    assert_eq!(layout(&alloc), [vec![(4096, P), (2 * MIB - 4096, F)]]);
+    let b = alloc.malloc(4096, S0).unwrap();
+    assert_ne!(
+        b.address(),
+        address,
+        "reused before stream 1's event completed"
+    );
+    check_invariants(&alloc, &device);
+    device.complete_events(S1);
+    let c = alloc.malloc(4096, S0).unwrap();
+    assert_eq!(
+        c.address(),
+        address,
+        "freed once the recorded event completed"
+    );
+    alloc.free(b).unwrap();
+    alloc.free(c).unwrap();
+    check_invariants(&alloc, &device);
+}
+
 /// Issue 11 point 8, PyTorch's `free` / `insert_events`: when recording the event fails, the
 /// block is left as it is (never freed early), since the other stream may still read it. A
 /// request of the same size must not get its address.
