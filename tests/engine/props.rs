@@ -4,8 +4,8 @@
 //! injected device failures, checked against a reference model of PyTorch's rules after every
 //! step.
 //!
-//! The model is written from PyTorch's `c10/cuda/CUDACachingAllocator.cpp` (2.9), not from
-//! the engine: `round_size` and `roundup_power2_next_division` (the block size),
+//! The model is written from PyTorch's `c10/cuda/CUDACachingAllocator.cpp` (2.x; `should_split`,
+//! `get_allocation_size` and `get_free_block` re-read for this test), not from the engine: `round_size` and `roundup_power2_next_division` (the block size),
 //! `get_allocation_size` (the segment size), `get_free_block` (best fit by (stream, size,
 //! address) with the `max_split_size` rules), `should_split`, `free_block` (merging),
 //! `insert_events` / `process_events` (a block used on another stream waits for its event),
