@@ -102,6 +102,19 @@ impl Classes {
         Some(block)
     }
 
+    /// The indices whose bit is set in the bitmap, in order.
+    fn occupied_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.occupied
+            .iter()
+            .enumerate()
+            .filter(|(_, bits)| **bits != 0)
+            .flat_map(|(word, &bits)| {
+                (0..64)
+                    .filter(move |bit| bits >> bit & 1 == 1)
+                    .map(move |bit| word * 64 + bit)
+            })
+    }
+
     /// Every block, by size then address.
     fn iter(&self) -> impl Iterator<Item = (u64, u64, BlockId)> + '_ {
         let first = self.first;
@@ -324,6 +337,88 @@ impl FreeList {
     }
 }
 
+impl FreeList {
+    /// Every entry as (stream, size, address, block), for the engine's self-check.
+    /// Classes are found through the bitmap, so the cost is the entries, not the classes.
+    pub fn entries(&self) -> impl Iterator<Item = (StreamId, u64, u64, BlockId)> + '_ {
+        self.classes
+            .iter()
+            .flat_map(|c| {
+                c.occupied_indices().flat_map(move |index| {
+                    let size = (c.first + index) as u64 * MIN_BLOCK_SIZE;
+                    c.blocks[index]
+                        .iter()
+                        .map(move |&(address, block)| (c.stream, size, address, block))
+                })
+            })
+            .chain(
+                self.ordered
+                    .iter()
+                    .map(|(key, &block)| (key.stream, key.size, key.address, block)),
+            )
+    }
+
+    /// Checks the list's own bookkeeping: streams in order, each class vector in address
+    /// order, both bitmap levels set exactly where a vector holds a block, entries of the map
+    /// that belong in classes absent, and the count of map entries in the class range exact.
+    pub fn check(&self) -> Result<(), String> {
+        for pair in self.classes.windows(2) {
+            if pair[0].stream >= pair[1].stream {
+                return Err(format!(
+                    "free list streams out of order: {:?} before {:?}",
+                    pair[0].stream, pair[1].stream
+                ));
+            }
+        }
+        for c in &self.classes {
+            for (index, list) in c.blocks.iter().enumerate() {
+                if !list.windows(2).all(|p| p[0].0 < p[1].0) {
+                    return Err(format!(
+                        "class {} of {:?} not in address order",
+                        c.first + index,
+                        c.stream
+                    ));
+                }
+                let bit = c.occupied[index / 64] >> (index % 64) & 1 == 1;
+                if bit == list.is_empty() {
+                    return Err(format!(
+                        "class {} of {:?}: bitmap says {bit}, {} blocks",
+                        c.first + index,
+                        c.stream,
+                        list.len()
+                    ));
+                }
+            }
+            for (word, &bits) in c.occupied.iter().enumerate() {
+                let summary = c.summary[word / 64] >> (word % 64) & 1 == 1;
+                if summary != (bits != 0) {
+                    return Err(format!(
+                        "summary bit of word {word} of {:?} is {summary}",
+                        c.stream
+                    ));
+                }
+            }
+        }
+        let mut in_range = 0;
+        for key in self.ordered.keys() {
+            if self.class_of(key.size).is_some() {
+                return Err(format!(
+                    "size {} kept in the map, not in its class",
+                    key.size
+                ));
+            }
+            in_range += usize::from(key.size <= self.max_size);
+        }
+        if in_range != self.ordered_in_range {
+            return Err(format!(
+                "{in_range} map entries in the class range, counted {}",
+                self.ordered_in_range
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,10 +479,49 @@ mod tests {
         assert_eq!(list.best_fit(S0, near + 1), Some((32 * MIB, 3)));
     }
 
-    /// Random inserts, removes and best-fit queries against the same list kept entirely in
-    /// the ordered map.
-    fn agree_with_the_map(mut classed: FreeList, sizes: impl Fn(u64, u64) -> u64, max_want: u64) {
-        let mut reference = FreeList::default();
+    /// The reference: PyTorch's rule written out plainly, a list searched in full. Best fit
+    /// is the smallest block of the stream that is large enough, the lowest address among
+    /// equals (PyTorch's `BlockComparatorSize` order: stream, size, address).
+    #[derive(Default)]
+    struct Reference {
+        blocks: Vec<(StreamId, u64, u64, BlockId)>,
+    }
+
+    impl Reference {
+        fn insert(&mut self, stream: StreamId, size: u64, address: u64, block: BlockId) {
+            self.blocks.push((stream, size, address, block));
+        }
+
+        fn remove(&mut self, stream: StreamId, size: u64, address: u64) -> Option<BlockId> {
+            let at = self
+                .blocks
+                .iter()
+                .position(|&(s, z, a, _)| (s, z, a) == (stream, size, address))?;
+            Some(self.blocks.swap_remove(at).3)
+        }
+
+        fn best_fit(&self, stream: StreamId, size: u64) -> Option<(u64, BlockId)> {
+            self.blocks
+                .iter()
+                .filter(|&&(s, z, _, _)| s == stream && z >= size)
+                .min_by_key(|&&(_, z, a, _)| (z, a))
+                .map(|&(_, z, _, b)| (z, b))
+        }
+
+        fn largest_first(&self, stream: StreamId) -> Vec<(u64, BlockId)> {
+            let mut blocks: Vec<_> = self.blocks.iter().filter(|b| b.0 == stream).collect();
+            blocks.sort_unstable_by_key(|&&(_, z, a, _)| std::cmp::Reverse((z, a)));
+            blocks.into_iter().map(|&(_, z, _, b)| (z, b)).collect()
+        }
+    }
+
+    /// Random inserts, removes and best-fit queries against [`Reference`].
+    fn agree_with_the_reference(
+        mut classed: FreeList,
+        sizes: impl Fn(u64, u64) -> u64,
+        max_want: u64,
+    ) {
+        let mut reference = Reference::default();
         let mut live: Vec<(StreamId, u64, u64)> = Vec::new();
         let mut state = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = |bound: u64| {
@@ -410,6 +544,7 @@ mod tests {
                     classed.remove(stream, size, address),
                     reference.remove(stream, size, address)
                 );
+                assert_eq!(classed.remove(stream, size, address), None, "removed twice");
             }
             let stream = StreamId(next(3));
             let want = 1 + next(max_want);
@@ -418,26 +553,37 @@ mod tests {
                 reference.best_fit(stream, want),
                 "step {step}: best fit of {want} on {stream:?}"
             );
+            if step % 500 == 0 {
+                classed.check().unwrap();
+            }
         }
+        classed.check().unwrap();
         for stream in [S0, S1, StreamId(2)] {
-            assert!(
-                classed
-                    .largest_first(stream)
-                    .eq(reference.largest_first(stream))
+            assert_eq!(
+                classed.largest_first(stream).collect::<Vec<_>>(),
+                reference.largest_first(stream)
             );
         }
         let mut a: Vec<BlockId> = classed.iter().collect();
-        let mut b: Vec<BlockId> = reference.iter().collect();
+        let mut b: Vec<BlockId> = reference.blocks.iter().map(|e| e.3).collect();
         a.sort_unstable();
         b.sort_unstable();
         assert_eq!(a, b);
         assert_eq!(a.len(), live.len());
+        let mut entries: Vec<_> = classed.entries().collect();
+        let mut expected = reference.blocks.clone();
+        entries.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(
+            entries, expected,
+            "entries() lists every block under its key"
+        );
     }
 
     #[test]
-    fn small_classes_agree_with_the_map_on_a_random_history() {
+    fn small_classes_agree_with_a_plain_reference_on_a_random_history() {
         // Mostly class sizes, sometimes beyond the range or not a class multiple.
-        agree_with_the_map(
+        agree_with_the_reference(
             small(),
             |kind, r| match kind {
                 0 => SMALL_BUFFER + 512 * (1 + r % 64),
@@ -449,9 +595,9 @@ mod tests {
     }
 
     #[test]
-    fn large_classes_agree_with_the_map_on_a_random_history() {
+    fn large_classes_agree_with_a_plain_reference_on_a_random_history() {
         // Mostly class sizes, sometimes below or beyond the range or not a class multiple.
-        agree_with_the_map(
+        agree_with_the_reference(
             large(),
             |kind, r| match kind {
                 0 => 32 * MIB + 512 * (1 + r % 4096),

@@ -1,5 +1,11 @@
 //! A simulated device: fake addresses, a fixed capacity, failure injection and call counters.
 //!
+//! Failures can be injected into every call the engine makes: allocations fail as out of
+//! memory ([`SimDevice::fail_nth_allocation`], [`SimDevice::fail_allocations_over`]), and
+//! frees, event records, event queries and synchronisations fail as driver errors
+//! ([`SimDevice::fail_next`]), so that tests can check that the engine reports each error and
+//! stays consistent.
+//!
 //! It backs the engine's tests and the benchmarks, so it runs anywhere. Clones share one
 //! device, so a test can keep a clone to inspect what the allocator did with the other.
 
@@ -38,7 +44,36 @@ pub struct SimCounters {
     pub events_synchronized: u64,
     /// `memory_info` calls.
     pub memory_info_calls: u64,
+    /// Calls failed by [`SimDevice::fail_next`] (injected driver errors that fired).
+    pub injected_failures: u64,
 }
+
+/// A device call that [`SimDevice::fail_next`] can make fail with a driver error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SimCall {
+    /// [`DeviceMemory::free`]: the segment stays allocated on the device.
+    Free,
+    /// [`DeviceMemory::record_event`].
+    RecordEvent,
+    /// [`DeviceMemory::query_event`].
+    QueryEvent,
+    /// [`DeviceMemory::synchronize_event`]: the event stays incomplete.
+    SynchronizeEvent,
+}
+
+impl SimCall {
+    fn index(self) -> usize {
+        match self {
+            SimCall::Free => 0,
+            SimCall::RecordEvent => 1,
+            SimCall::QueryEvent => 2,
+            SimCall::SynchronizeEvent => 3,
+        }
+    }
+}
+
+/// The message of every injected driver error.
+pub const INJECTED_FAILURE: &str = "injected failure";
 
 /// A simulated stream event: done once its stream was completed past it.
 #[derive(Debug)]
@@ -62,6 +97,9 @@ struct SimState {
     /// Allocation calls to fail, counted from 1 at the next call.
     fail_calls: Vec<u64>,
     fail_over: Option<u64>,
+    /// Per [`SimCall`]: the calls made so far, and the call numbers that are to fail.
+    calls: [u64; 4],
+    armed: [Vec<u64>; 4],
     /// Per stream: the last event sequence recorded and the last completed.
     recorded: BTreeMap<StreamId, u64>,
     completed: BTreeMap<StreamId, u64>,
@@ -123,6 +161,8 @@ impl SimDevice {
                 counters: SimCounters::default(),
                 fail_calls: Vec::new(),
                 fail_over: None,
+                calls: [0; 4],
+                armed: Default::default(),
                 recorded: BTreeMap::new(),
                 completed: BTreeMap::new(),
             })),
@@ -145,6 +185,26 @@ impl SimDevice {
     /// Makes every allocation of more than `bytes` fail as out of memory (`None` lifts it).
     pub fn fail_allocations_over(&self, bytes: Option<u64>) {
         self.state.lock().fail_over = bytes;
+    }
+
+    /// Makes the next call of kind `call` fail with a driver error. The failed call changes
+    /// nothing on the device.
+    pub fn fail_next(&self, call: SimCall) {
+        self.fail_nth(call, 1);
+    }
+
+    /// Makes the `n`-th call of kind `call` from now (1 = the next one) fail with a driver
+    /// error, e.g. the second event record of a free that records two.
+    pub fn fail_nth(&self, call: SimCall, n: u64) {
+        let mut state = self.state.lock();
+        let at = state.calls[call.index()] + n;
+        state.armed[call.index()].push(at);
+    }
+
+    /// Failures armed by [`SimDevice::fail_next`] or [`SimDevice::fail_nth`] that are still
+    /// to fire.
+    pub fn armed_failures(&self, call: SimCall) -> u64 {
+        self.state.lock().armed[call.index()].len() as u64
     }
 
     /// Changes the capacity (already live segments stay).
@@ -206,6 +266,25 @@ impl SimDevice {
     }
 }
 
+impl SimState {
+    /// Counts a call of kind `call` and fails it if it was armed to fail.
+    fn injected(&mut self, call: SimCall) -> Result<(), DeviceError> {
+        let i = call.index();
+        self.calls[i] += 1;
+        let current = self.calls[i];
+        let armed = &mut self.armed[i];
+        let fires = armed.contains(&current);
+        armed.retain(|&at| at > current);
+        if !fires {
+            return Ok(());
+        }
+        self.counters.injected_failures += 1;
+        Err(DeviceError::Driver(format!(
+            "{INJECTED_FAILURE} of {call:?}"
+        )))
+    }
+}
+
 impl DeviceMemory for SimDevice {
     type Handle = u64;
     type Event = SimEvent;
@@ -240,6 +319,7 @@ impl DeviceMemory for SimDevice {
 
     fn free(&mut self, segment: DeviceSegment<u64>) -> Result<(), DeviceError> {
         let mut state = self.state.lock();
+        state.injected(SimCall::Free)?;
         match state.live.get(&segment.address) {
             Some(&(size, handle)) if size == segment.size && handle == segment.handle => {
                 state.live.remove(&segment.address);
@@ -265,6 +345,7 @@ impl DeviceMemory for SimDevice {
 
     fn record_event(&mut self, stream: StreamId) -> Result<SimEvent, DeviceError> {
         let mut state = self.state.lock();
+        state.injected(SimCall::RecordEvent)?;
         state.counters.events_recorded += 1;
         let sequence = state.recorded.get(&stream).copied().unwrap_or(0) + 1;
         state.recorded.insert(stream, sequence);
@@ -273,12 +354,14 @@ impl DeviceMemory for SimDevice {
 
     fn query_event(&mut self, event: &SimEvent) -> Result<bool, DeviceError> {
         let mut state = self.state.lock();
+        state.injected(SimCall::QueryEvent)?;
         state.counters.events_queried += 1;
         Ok(state.completed.get(&event.stream).copied().unwrap_or(0) >= event.sequence)
     }
 
     fn synchronize_event(&mut self, event: &SimEvent) -> Result<(), DeviceError> {
         let mut state = self.state.lock();
+        state.injected(SimCall::SynchronizeEvent)?;
         state.counters.events_synchronized += 1;
         let done = state.completed.entry(event.stream).or_insert(0);
         *done = (*done).max(event.sequence);

@@ -2,7 +2,7 @@
 //! and the invariant check the property test runs after every step.
 
 use burn_caching_alloc::alloc::{
-    AllocatorConfig, BlockState, CachingAllocator, MemoryStats, PoolKind, Snapshot, StatArray,
+    AllocatorConfig, BlockState, CachingAllocator, MemoryStats, PoolKind, Snapshot, Stat, StatArray,
 };
 pub use burn_caching_alloc::alloc::{KIB, MIB};
 pub use burn_caching_alloc::device::StreamId;
@@ -31,13 +31,57 @@ pub const A: BlockState = BlockState::ActiveAllocated;
 pub const P: BlockState = BlockState::ActivePendingFree;
 pub const F: BlockState = BlockState::Inactive;
 
+/// Statistics as they were when cumulative amounts were last zeroed (allocator creation or
+/// `reset_accumulated_stats`): `allocated - freed` of each statistic is its change since.
+#[derive(Clone, Debug, Default)]
+pub struct Baseline {
+    pub stats: MemoryStats,
+    pub device_allocs: u64,
+    pub device_frees: u64,
+}
+
+impl Baseline {
+    /// The baseline now: call right after `reset_accumulated_stats`.
+    pub fn now(alloc: &CachingAllocator<SimDevice>, device: &SimDevice) -> Self {
+        let counters = device.counters();
+        Self {
+            stats: alloc.stats(),
+            device_allocs: counters.allocs,
+            device_frees: counters.frees,
+        }
+    }
+}
+
 /// Checks everything that must hold between any two operations; panics with the reason.
+/// Assumes cumulative statistics were never reset (see [`check_invariants_since`]).
 pub fn check_invariants(alloc: &CachingAllocator<SimDevice>, device: &SimDevice) {
-    let snapshot = alloc.snapshot();
+    check_invariants_since(alloc, device, &Baseline::default());
+}
+
+/// [`check_invariants`], with cumulative statistics counted from `baseline`.
+pub fn check_invariants_since(
+    alloc: &CachingAllocator<SimDevice>,
+    device: &SimDevice,
+    baseline: &Baseline,
+) {
+    self_check(alloc);
+    check_snapshot_invariants(&alloc.snapshot(), device, baseline);
+}
+
+/// The engine's own check of its internal structures (`CachingAllocator::check_invariants`).
+pub fn self_check(alloc: &CachingAllocator<SimDevice>) {
+    if let Err(e) = alloc.check_invariants() {
+        panic!("engine self-check: {e}");
+    }
+}
+
+/// What [`check_invariants_since`] checks on a snapshot, without the engine's self-check.
+pub fn check_snapshot_invariants(snapshot: &Snapshot, device: &SimDevice, baseline: &Baseline) {
     let stats = &snapshot.stats;
-    check_tiling(&snapshot);
-    check_no_adjacent_free(&snapshot);
-    check_stats_match_recount(&snapshot, stats);
+    check_tiling(snapshot);
+    check_no_adjacent_free(snapshot);
+    check_stats_match_recount(snapshot, stats);
+    check_cumulative(stats, baseline, snapshot.config.expandable_segments);
     let runs = |expandable: bool| -> Vec<(u64, u64)> {
         snapshot
             .segments
@@ -56,6 +100,17 @@ pub fn check_invariants(alloc: &CachingAllocator<SimDevice>, device: &SimDevice)
         coalesce(device.mapped_runs()),
         "device maps exactly the allocator's expandable runs"
     );
+    let counters = device.counters();
+    assert_eq!(
+        stats.num_device_alloc,
+        counters.allocs - baseline.device_allocs,
+        "num_device_alloc counts the device's allocations (and page maps)"
+    );
+    assert_eq!(
+        stats.num_device_free,
+        counters.frees - baseline.device_frees,
+        "num_device_free counts the device's frees (and page unmaps)"
+    );
 }
 
 /// Adjacent (address, size) runs joined into one.
@@ -68,6 +123,63 @@ pub fn coalesce(runs: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
         }
     }
     joined
+}
+
+/// `allocated - freed == current - current at the baseline` for every statistic, and
+/// segments held == device allocations - device frees (without expandable segments: their
+/// maps and unmaps need not pair up, and they hold no `segment`).
+fn check_cumulative(stats: &MemoryStats, baseline: &Baseline, expandable: bool) {
+    let arrays = |s: &MemoryStats| {
+        [
+            ("allocation", s.allocation),
+            ("segment", s.segment),
+            ("active", s.active),
+            ("inactive_split", s.inactive_split),
+            ("allocated_bytes", s.allocated_bytes),
+            ("reserved_bytes", s.reserved_bytes),
+            ("active_bytes", s.active_bytes),
+            ("inactive_split_bytes", s.inactive_split_bytes),
+            ("requested_bytes", s.requested_bytes),
+        ]
+    };
+    let stats_of = |a: &StatArray| [a.all, a.small_pool, a.large_pool];
+    let mut pairs: Vec<(String, Stat, Stat)> = Vec::new();
+    for ((name, now), (_, then)) in arrays(stats).into_iter().zip(arrays(&baseline.stats)) {
+        for (pool, (n, t)) in ["all", "small_pool", "large_pool"]
+            .into_iter()
+            .zip(stats_of(&now).into_iter().zip(stats_of(&then)))
+        {
+            pairs.push((format!("{name}.{pool}"), n, t));
+        }
+    }
+    pairs.push((
+        "oversize_allocations".into(),
+        stats.oversize_allocations,
+        baseline.stats.oversize_allocations,
+    ));
+    pairs.push((
+        "oversize_segments".into(),
+        stats.oversize_segments,
+        baseline.stats.oversize_segments,
+    ));
+    for (name, now, then) in pairs {
+        assert!(
+            now.peak >= now.current,
+            "{name}: peak below current {now:?}"
+        );
+        assert_eq!(
+            now.allocated as i128 - now.freed as i128,
+            now.current as i128 - then.current as i128,
+            "{name}: allocated - freed is not the change of current since the baseline {now:?}"
+        );
+    }
+    if !expandable {
+        assert_eq!(
+            stats.num_device_alloc as i128 - stats.num_device_free as i128,
+            stats.segment.all.current as i128 - baseline.stats.segment.all.current as i128,
+            "segments held == device allocations - device frees"
+        );
+    }
 }
 
 fn check_tiling(snapshot: &Snapshot) {
@@ -83,10 +195,18 @@ fn check_tiling(snapshot: &Snapshot) {
                 "block size {}",
                 block.size
             );
-            if block.state == BlockState::Inactive {
-                assert_eq!(block.requested_size, 0);
-            } else {
-                assert!(block.requested_size <= block.size);
+            match block.state {
+                BlockState::Inactive => {
+                    assert_eq!(block.requested_size, 0);
+                    assert_eq!(block.allocation_id, None);
+                }
+                BlockState::ActiveAllocated => {
+                    assert!(block.requested_size > 0 && block.requested_size <= block.size);
+                    assert!(block.allocation_id.is_some());
+                }
+                BlockState::ActivePendingFree => {
+                    assert!(block.requested_size <= block.size);
+                }
             }
             cursor += block.size;
         }
@@ -98,7 +218,7 @@ fn check_tiling(snapshot: &Snapshot) {
         let pool_ok = match segment.pool {
             // An expandable run maps whole 2 MiB pages in the small pool.
             PoolKind::Small if segment.is_expandable => segment.total_size % (2 * MIB) == 0,
-            PoolKind::Small => segment.total_size == 2 * MIB,
+            PoolKind::Small => segment.total_size <= 2 * MIB,
             PoolKind::Large => segment.total_size > MIB,
         };
         assert!(
@@ -106,6 +226,19 @@ fn check_tiling(snapshot: &Snapshot) {
             "segment size {} in pool {:?}",
             segment.total_size, segment.pool
         );
+        let sum = |f: &dyn Fn(BlockState) -> bool| -> u64 {
+            segment
+                .blocks
+                .iter()
+                .filter(|b| f(b.state))
+                .map(|b| b.size)
+                .sum()
+        };
+        assert_eq!(
+            segment.allocated_size,
+            sum(&|s| s == BlockState::ActiveAllocated)
+        );
+        assert_eq!(segment.active_size, sum(&|s| s != BlockState::Inactive));
     }
 }
 
@@ -122,6 +255,7 @@ fn check_no_adjacent_free(snapshot: &Snapshot) {
 }
 
 fn check_stats_match_recount(snapshot: &Snapshot, stats: &MemoryStats) {
+    let max_split = snapshot.config.max_split_size.unwrap_or(u64::MAX);
     for pool in [None, Some(PoolKind::Small), Some(PoolKind::Large)] {
         let segments: Vec<_> = snapshot
             .segments
@@ -183,7 +317,7 @@ fn check_stats_match_recount(snapshot: &Snapshot, stats: &MemoryStats) {
         assert_eq!(
             pick(&stats.requested_bytes),
             requested,
-            "requested bytes {pool:?}"
+            "requested bytes {pool:?} (pending frees still count)"
         );
         assert_eq!(
             pick(&stats.segment),
@@ -196,12 +330,33 @@ fn check_stats_match_recount(snapshot: &Snapshot, stats: &MemoryStats) {
             "reserved bytes {pool:?}"
         );
     }
+    let oversize_allocations = snapshot
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::ActiveAllocated && b.size >= max_split)
+        .count() as u64;
+    let oversize_segments = snapshot
+        .segments
+        .iter()
+        .filter(|s| !s.is_expandable && s.total_size >= max_split)
+        .count() as u64;
+    assert_eq!(stats.oversize_allocations.current, oversize_allocations);
+    assert_eq!(stats.oversize_segments.current, oversize_segments);
     for array in [
+        &stats.allocation,
+        &stats.segment,
+        &stats.active,
+        &stats.inactive_split,
         &stats.allocated_bytes,
         &stats.reserved_bytes,
-        &stats.segment,
+        &stats.active_bytes,
+        &stats.inactive_split_bytes,
+        &stats.requested_bytes,
     ] {
-        assert!(array.all.peak >= array.all.current);
+        for stat in [array.all, array.small_pool, array.large_pool] {
+            assert!(stat.peak >= stat.current, "peak below current: {stat:?}");
+        }
         assert_eq!(
             array.all.current,
             array.small_pool.current + array.large_pool.current

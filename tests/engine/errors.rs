@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 
 use burn_caching_alloc::alloc::{AllocError, CachingAllocator, Snapshot, Trace, TraceEvent};
-use burn_caching_alloc::device::sim::SimDevice;
-use burn_caching_alloc::device::{DeviceError, DeviceMemory, DeviceSegment};
+use burn_caching_alloc::device::DeviceError;
+use burn_caching_alloc::device::sim::{INJECTED_FAILURE, SimCall, SimDevice};
 
 use crate::common::*;
 
@@ -33,6 +33,24 @@ fn a_size_beyond_the_device_is_a_clear_error() {
     assert_eq!(device.counters().allocs, 0);
     let err = alloc.malloc(u64::MAX, S0).unwrap_err();
     assert!(matches!(err, AllocError::TooLarge { .. }), "{err:?}");
+}
+
+/// Issue 11 point 7, PyTorch's `malloc`: a request larger than the whole device is an
+/// out-of-memory (`num_ooms` += 1, an `oom` trace entry); the error stays the clear one.
+#[test]
+fn a_size_beyond_the_device_counts_as_an_oom() {
+    let (alloc, _device) = allocator(64 * MIB, "record_history:true");
+    let err = alloc.malloc(65 * MIB, S0).unwrap_err();
+    assert!(matches!(err, AllocError::TooLarge { .. }), "{err:?}");
+    assert_eq!(alloc.stats().num_ooms, 1);
+    assert!(
+        alloc
+            .trace()
+            .events
+            .iter()
+            .any(|e| matches!(e, TraceEvent::Oom { .. })),
+        "an oom trace entry"
+    );
 }
 
 #[test]
@@ -94,21 +112,207 @@ fn freeing_after_empty_cache_is_still_exact() {
     check_invariants(&alloc, &device);
 }
 
+/// The device error of an injected failure, as the allocator must report it.
+fn assert_injected(err: AllocError, call: SimCall) {
+    match err {
+        AllocError::Device(DeviceError::Driver(message)) => {
+            assert!(message.contains(INJECTED_FAILURE), "{message}");
+            assert!(message.contains(&format!("{call:?}")), "{message}");
+        }
+        other => panic!("expected the injected {call:?} failure, got {other:?}"),
+    }
+}
+
+/// A live block used on a second stream, freed: pending on its event. Returns its address.
+fn pending_block(alloc: &CachingAllocator<SimDevice>) -> u64 {
+    let a = alloc.malloc(4096, S0).unwrap();
+    let address = a.address();
+    alloc.record_stream(&a, S1).unwrap();
+    alloc.free(a).unwrap();
+    assert_eq!(layout(alloc), [vec![(4096, P), (2 * MIB - 4096, F)]]);
+    address
+}
+
+/// PyTorch's `release_cached_blocks` / `release_block`: a failing `cudaFree` raises. The
+/// segment stays cached and counted, the device keeps it, and the next `empty_cache`
+/// releases it.
 #[test]
-fn driver_errors_surface_as_errors() {
+fn a_failing_device_free_is_reported_and_the_segment_stays_cached() {
     let (alloc, device) = allocator(64 * MIB, "");
-    // A free the device does not know is a driver error, not a panic.
-    let mut raw = device.clone();
-    let err = raw
-        .free(DeviceSegment {
-            address: 1,
-            size: 2,
-            handle: 3,
-        })
-        .unwrap_err();
-    assert!(matches!(err, DeviceError::Driver(_)));
-    // The allocator's view is untouched by the bad call.
-    assert_eq!(alloc.stats().num_device_free, 0);
+    let a = alloc.malloc(4096, S0).unwrap();
+    alloc.free(a).unwrap();
+    device.fail_next(SimCall::Free);
+    assert_injected(alloc.empty_cache().unwrap_err(), SimCall::Free);
+    assert_eq!(layout(&alloc), [vec![(2 * MIB, F)]]);
+    assert_eq!(device.live_segments().len(), 1);
+    let stats = alloc.stats();
+    assert_eq!(
+        (stats.memory_reserved(), stats.num_device_free),
+        (2 * MIB, 0)
+    );
+    check_invariants(&alloc, &device);
+    assert_eq!(alloc.empty_cache().unwrap(), 2 * MIB);
+    assert!(device.live_segments().is_empty());
+    check_invariants(&alloc, &device);
+}
+
+/// A failing free on the out-of-memory path (the last retry's `release_cached_blocks`) is
+/// the error the request gets, not an out-of-memory, and nothing is lost.
+#[test]
+fn a_failing_device_free_on_the_retry_path_is_the_requests_error() {
+    let (alloc, device) = allocator(40 * MIB, "");
+    let a = alloc.malloc(15 * MIB, S0).unwrap();
+    alloc.free(a).unwrap();
+    device.fail_next(SimCall::Free);
+    // 30 MiB does not fit beside the cached 16 MiB segment: the cache must go first.
+    assert_injected(alloc.malloc(30 * MIB, S0).unwrap_err(), SimCall::Free);
+    assert_eq!(alloc.stats().num_ooms, 0);
+    assert_eq!(layout(&alloc), [vec![(16 * MIB, F)]]);
+    check_invariants(&alloc, &device);
+    let b = alloc.malloc(30 * MIB, S0).unwrap();
+    assert_eq!(layout(&alloc), [vec![(30 * MIB, A)]]);
+    alloc.free(b).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// PyTorch's `insert_events`: a failing `cudaEventRecord` raises from `free`. The free is
+/// reported and the allocator stays consistent; the allocation is no longer live.
+#[test]
+fn a_failing_event_record_is_reported_and_the_allocator_stays_consistent() {
+    let (alloc, device) = allocator(64 * MIB, "");
+    let a = alloc.malloc(4096, S0).unwrap();
+    alloc.record_stream(&a, S1).unwrap();
+    let copy = a.clone();
+    device.fail_next(SimCall::RecordEvent);
+    assert_injected(alloc.free(a).unwrap_err(), SimCall::RecordEvent);
+    let stats = alloc.stats();
+    assert_eq!(
+        stats.allocation.all.current, 0,
+        "the allocation was given up"
+    );
+    assert_eq!(stats.allocated_bytes.all.current, 0);
+    assert!(matches!(
+        alloc.free(copy),
+        Err(AllocError::InvalidFree { .. })
+    ));
+    check_invariants(&alloc, &device);
+}
+
+/// PyTorch's `insert_events`: when the second of two event records fails, the first event
+/// was recorded and counts, and the block is not reused before it completes. Unlike PyTorch,
+/// which then frees the block although the stream whose record failed may still read it, the
+/// engine keeps that stream on the block and records its event at the next request: the block
+/// is freed only once both events have completed.
+#[test]
+fn a_failing_second_event_record_leaves_the_block_waiting_for_both() {
+    let (alloc, device) = allocator(64 * MIB, "");
+    let a = alloc.malloc(4096, S0).unwrap();
+    let address = a.address();
+    alloc.record_stream(&a, S1).unwrap();
+    alloc.record_stream(&a, StreamId(2)).unwrap();
+    device.fail_nth(SimCall::RecordEvent, 2);
+    assert_injected(alloc.free(a).unwrap_err(), SimCall::RecordEvent);
+    assert_eq!(device.counters().events_recorded, 1);
+    assert_eq!(layout(&alloc), [vec![(4096, P), (2 * MIB - 4096, F)]]);
+    let b = alloc.malloc(4096, S0).unwrap();
+    assert_ne!(
+        b.address(),
+        address,
+        "reused before stream 1's event completed"
+    );
+    assert_eq!(
+        device.counters().events_recorded,
+        2,
+        "stream 2's event recorded at the next request"
+    );
+    check_invariants(&alloc, &device);
+    device.complete_events(S1);
+    let c = alloc.malloc(4096, S0).unwrap();
+    assert_ne!(c.address(), address, "stream 2 may still read it");
+    device.complete_events(StreamId(2));
+    let d = alloc.malloc(4096, S0).unwrap();
+    assert_eq!(d.address(), address, "freed once both events completed");
+    for x in [b, c, d] {
+        alloc.free(x).unwrap();
+    }
+    check_invariants(&alloc, &device);
+}
+
+/// Issue 11 point 8, PyTorch's `free` / `insert_events`: when recording the event fails, the
+/// block is left as it is (never freed early), since the other stream may still read it. A
+/// request of the same size must not get its address; the failed record is retried at that
+/// request, and only once that event completed is the block freed.
+#[test]
+fn a_failing_event_record_never_frees_the_block_early() {
+    let (alloc, device) = allocator(64 * MIB, "");
+    let a = alloc.malloc(4096, S0).unwrap();
+    let address = a.address();
+    alloc.record_stream(&a, S1).unwrap();
+    device.fail_next(SimCall::RecordEvent);
+    assert_injected(alloc.free(a).unwrap_err(), SimCall::RecordEvent);
+    assert_eq!(device.counters().events_recorded, 0);
+    let state = layout(&alloc)[0][0];
+    assert_ne!(state.1, F, "the block was freed although its event failed");
+    let b = alloc.malloc(4096, S0).unwrap();
+    assert_ne!(
+        b.address(),
+        address,
+        "the block was reused while stream 1 may read it"
+    );
+    assert_eq!(
+        device.counters().events_recorded,
+        1,
+        "the record is retried"
+    );
+    check_invariants(&alloc, &device);
+    device.complete_all_events();
+    alloc.empty_cache().unwrap();
+    assert_eq!(
+        layout(&alloc)[0][0].1,
+        F,
+        "freed once the retried event completed"
+    );
+    alloc.free(b).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// PyTorch's `synchronize_and_free_events`: a failing `cudaEventSynchronize` raises from
+/// `empty_cache`. The block stays pending and its segment stays; the next `empty_cache`
+/// completes the free and releases the segment.
+#[test]
+fn a_failing_synchronisation_is_reported_and_the_segment_stays() {
+    let (alloc, device) = allocator(64 * MIB, "");
+    pending_block(&alloc);
+    device.fail_next(SimCall::SynchronizeEvent);
+    assert_injected(alloc.empty_cache().unwrap_err(), SimCall::SynchronizeEvent);
+    assert_eq!(layout(&alloc), [vec![(4096, P), (2 * MIB - 4096, F)]]);
+    assert_eq!(device.live_segments().len(), 1);
+    check_invariants(&alloc, &device);
+    assert_eq!(alloc.empty_cache().unwrap(), 2 * MIB);
+    assert!(device.live_segments().is_empty());
+    assert_eq!(device.armed_failures(SimCall::SynchronizeEvent), 0);
+    check_invariants(&alloc, &device);
+}
+
+/// The out-of-memory path synchronises every pending event before its last retry: a failing
+/// synchronisation there is the request's error, not an out-of-memory.
+#[test]
+fn a_failing_synchronisation_on_the_retry_path_is_the_requests_error() {
+    let (alloc, device) = allocator(21 * MIB, "");
+    pending_block(&alloc);
+    device.fail_next(SimCall::SynchronizeEvent);
+    // 20 MiB does not fit beside the 2 MiB segment held by the pending block.
+    assert_injected(
+        alloc.malloc(5 * MIB, S0).unwrap_err(),
+        SimCall::SynchronizeEvent,
+    );
+    assert_eq!(alloc.stats().num_ooms, 0);
+    assert_eq!(layout(&alloc), [vec![(4096, P), (2 * MIB - 4096, F)]]);
+    check_invariants(&alloc, &device);
+    let b = alloc.malloc(5 * MIB, S0).unwrap();
+    assert_eq!(layout(&alloc), [vec![(5 * MIB, A), (15 * MIB, F)]]);
+    alloc.free(b).unwrap();
+    check_invariants(&alloc, &device);
 }
 
 #[test]

@@ -14,6 +14,7 @@ mod parity;
 mod props;
 mod props_expandable;
 mod rounding;
+mod rule_edges;
 mod snapshot_pickle;
 mod stats;
 mod streams;

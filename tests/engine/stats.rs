@@ -95,7 +95,14 @@ fn statistics_follow_a_scripted_scenario_step_by_step() {
     assert_eq!(s.allocated_bytes.all, stat(0, 1024, 0, 0));
     assert_eq!((s.num_device_alloc, s.num_device_free), (0, 0));
     assert_eq!(s.memory_reserved(), 2 * MIB);
-    check_invariants(&alloc, &device);
+    let baseline = Baseline::now(&alloc, &device);
+    check_invariants_since(&alloc, &device, &baseline);
+    // Counted from the reset: the segment's release is one device free, a change of -1.
+    alloc.empty_cache().unwrap();
+    let s = alloc.stats();
+    assert_eq!((s.num_device_alloc, s.num_device_free), (0, 1));
+    assert_eq!((s.segment.all.current, s.segment.all.freed), (0, 1));
+    check_invariants_since(&alloc, &device, &baseline);
 }
 
 #[test]

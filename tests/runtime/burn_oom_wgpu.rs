@@ -48,6 +48,20 @@ fn out_of_memory_reaches_burn_with_the_allocators_numbers_and_the_server_recover
         "the freed tensor was real"
     );
 
+    // Before the failing request: the freed tensor's slice is cached in CubeCL (allocated in
+    // the engine), and the engine reserves both tensors' segments.
+    let ready = backend::memory_stats(&device);
+    assert!(
+        ready.cached_in_cubecl() >= 24 * MIB,
+        "the freed tensor's slice is cached in CubeCL: {:?}",
+        ready.cubecl
+    );
+    assert!(
+        ready.memory_reserved() >= 48 * MIB,
+        "{}",
+        ready.memory_reserved()
+    );
+
     // 48 MiB cannot fit beside the live 24 MiB under a 64 MiB cap.
     let too_big = Tensor::<B, 1>::ones([12 * MIB as usize], &device);
     let err = too_big
@@ -71,7 +85,28 @@ fn out_of_memory_reaches_burn_with_the_allocators_numbers_and_the_server_recover
         "the server reclaimed before failing: {:?}",
         stats.cubecl.reclaim
     );
-    assert!(stats.memory_reserved() <= limit);
+    // The server handed CubeCL's free slices back to the engine...
+    assert!(
+        stats.cached_in_cubecl() < 24 * MIB,
+        "CubeCL still caches the freed slice: {:?}",
+        stats.cubecl
+    );
+    // ...and the engine freed its cache and retried before failing: the freed tensor's
+    // segment went back to the device, and only what live tensors hold stays reserved.
+    assert!(
+        stats.engine.num_alloc_retries > ready.engine.num_alloc_retries,
+        "no retry after freeing the cache"
+    );
+    assert!(
+        stats.engine.num_device_free > ready.engine.num_device_free,
+        "no segment went back to the device"
+    );
+    assert!(
+        stats.memory_reserved() + 24 * MIB <= ready.memory_reserved(),
+        "reserved {} after the failure, {} before: the freed tensor's 24 MiB stayed",
+        stats.memory_reserved(),
+        ready.memory_reserved()
+    );
 
     // The server keeps working: new tensors compute correctly.
     let a = Tensor::<B, 1>::from_data(TensorData::new(vec![1.0f32, 2.0, 3.0], [3]), &device);

@@ -21,7 +21,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// If recording fails, the block is not freed: the stream the event was for may still
     /// read it (PyTorch's `insert_events` raises and leaves the block alone). The streams left
     /// without an event stay on the block, the error is returned, and the next
-    /// `process_events` or `synchronize_pending` tries again.
+    /// `process_events` or `synchronize_pending` tries again (and reports a failure again).
     pub fn insert_events(&mut self, block: BlockId) -> Result<(), AllocError> {
         let streams = std::mem::take(&mut self.blocks.blocks[block].stream_uses);
         for (i, &stream) in streams.iter().enumerate() {
@@ -40,14 +40,17 @@ impl<D: DeviceMemory> Engine<D> {
         Ok(())
     }
 
-    /// Records the events that failed to record earlier. A failure again keeps the block
-    /// waiting (it was reported to the free that asked for it) and is logged.
-    fn retry_failed_events(&mut self) {
-        for block in std::mem::take(&mut self.needs_events) {
+    /// Records the events that failed to record earlier. A failure again keeps its block (and
+    /// any not yet retried) waiting and is returned: errors stay errors.
+    fn retry_failed_events(&mut self) -> Result<(), AllocError> {
+        let mut waiting = std::mem::take(&mut self.needs_events).into_iter();
+        while let Some(block) = waiting.next() {
             if let Err(e) = self.insert_events(block) {
-                log::warn!("recording a stream event for a freed block failed again: {e}");
+                self.needs_events.extend(waiting);
+                return Err(e);
             }
         }
+        Ok(())
     }
 
     /// One event of a pending free completed; frees the block after its last one, once every
@@ -62,7 +65,7 @@ impl<D: DeviceMemory> Engine<D> {
 
     /// Completes the pending frees whose events have finished.
     pub fn process_events(&mut self) -> Result<(), AllocError> {
-        self.retry_failed_events();
+        self.retry_failed_events()?;
         let mut i = 0;
         while i < self.pending.len() {
             if self.device.query_event(&self.pending[i].event)? {
@@ -81,7 +84,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// `synchronize_and_free_events`).
     pub fn synchronize_pending(&mut self) -> Result<(), AllocError> {
         self.stats.num_sync_all_streams += 1;
-        self.retry_failed_events();
+        self.retry_failed_events()?;
         while let Some(pending) = self.pending.pop() {
             if let Err(e) = self.device.synchronize_event(&pending.event) {
                 self.pending.push(pending);

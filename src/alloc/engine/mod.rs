@@ -23,6 +23,7 @@ mod events;
 mod expandable;
 mod placement;
 mod release;
+mod self_check;
 mod snapshot;
 
 use crate::alloc::block::{BlockId, BlockState, Blocks};
