@@ -51,6 +51,32 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    /// A free block of `size` bytes at `offset` of `segment`, between `prev` and `next`
+    /// (the caller links those back), backed by pages or not (`mapped`).
+    pub fn free(
+        segment: SegmentId,
+        offset: u64,
+        size: u64,
+        prev: Option<BlockId>,
+        next: Option<BlockId>,
+        mapped: bool,
+    ) -> Self {
+        Self {
+            segment,
+            offset,
+            size,
+            requested: 0,
+            state: BlockState::Inactive,
+            prev,
+            next,
+            stream_uses: Vec::new(),
+            pending_events: 0,
+            allocation_id: 0,
+            gc_base: 0,
+            mapped,
+        }
+    }
+
     /// Whether the block shares its segment with other blocks.
     pub fn is_split(&self) -> bool {
         self.prev.is_some() || self.next.is_some()

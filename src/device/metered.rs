@@ -86,6 +86,16 @@ impl Meter {
             .store(self.bytes_in_use(), Ordering::Relaxed);
     }
 
+    /// Counts an allocation call: `size` bytes handed out, or a refusal.
+    fn count(&self, outcome: Result<u64, &DeviceError>) {
+        match outcome {
+            Ok(size) => self.allocated(size),
+            Err(_) => {
+                self.counters.failed_allocs.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn allocated(&self, size: u64) {
         let c = &self.counters;
         c.allocs.fetch_add(1, Ordering::Relaxed);
@@ -147,19 +157,10 @@ impl<D: DeviceMemory> DeviceMemory for Metered<D> {
         size: u64,
         stream: StreamId,
     ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
-        match self.device.allocate(size, stream) {
-            Ok(segment) => {
-                self.meter.allocated(segment.size);
-                Ok(segment)
-            }
-            Err(err) => {
-                self.meter
-                    .counters
-                    .failed_allocs
-                    .fetch_add(1, Ordering::Relaxed);
-                Err(err)
-            }
-        }
+        let result = self.device.allocate(size, stream);
+        self.meter
+            .count(result.as_ref().map(|segment| segment.size));
+        result
     }
 
     fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
@@ -213,19 +214,9 @@ impl<D: DeviceMemory> DeviceMemory for Metered<D> {
         size: u64,
         page: u64,
     ) -> Result<(), DeviceError> {
-        match self.device.map_range(range, offset, size, page) {
-            Ok(()) => {
-                self.meter.allocated(size);
-                Ok(())
-            }
-            Err(err) => {
-                self.meter
-                    .counters
-                    .failed_allocs
-                    .fetch_add(1, Ordering::Relaxed);
-                Err(err)
-            }
-        }
+        let result = self.device.map_range(range, offset, size, page);
+        self.meter.count(result.as_ref().map(|()| size));
+        result
     }
 
     /// Counted as a free of the unmapped bytes.

@@ -2,15 +2,11 @@
 //! (`c10/cuda/CUDACachingAllocator.cpp` and `c10/core/AllocatorConfig.cpp`, PyTorch 2.9; the
 //! function each test follows is named in its doc comment).
 
-use std::sync::Arc;
-
 use burn_caching_alloc::alloc::{
-    AllocError, AllocatorConfig, BlockState, CachingAllocator, RoundupDivisions, TraceEvent,
-    round_size,
+    AllocError, AllocatorConfig, CachingAllocator, RoundupDivisions, TraceEvent, round_size,
 };
-use burn_caching_alloc::device::sim::SimDevice;
-use burn_caching_alloc::device::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo};
-use parking_lot::Mutex;
+use burn_caching_alloc::device::DeviceError;
+use burn_caching_alloc::device::sim::{SimCall, SimDevice};
 
 use crate::common::*;
 
@@ -310,79 +306,6 @@ fn a_request_beyond_the_device_counts_as_an_oom_without_flushing_the_cache() {
     ));
 }
 
-/// A simulated device whose chosen event recordings fail, as `cudaEventRecord` may.
-#[derive(Clone)]
-struct FailingRecords {
-    inner: SimDevice,
-    /// Record calls to fail, counted from 1.
-    failing: Arc<Mutex<(u64, Vec<u64>)>>,
-}
-
-impl FailingRecords {
-    fn new(inner: SimDevice) -> Self {
-        Self {
-            inner,
-            failing: Arc::default(),
-        }
-    }
-
-    /// Makes the `n`-th record call from now (1 = the next) fail.
-    fn fail_nth_record(&self, n: u64) {
-        let mut state = self.failing.lock();
-        let at = state.0 + n;
-        state.1.push(at);
-    }
-}
-
-impl DeviceMemory for FailingRecords {
-    type Handle = <SimDevice as DeviceMemory>::Handle;
-    type Event = <SimDevice as DeviceMemory>::Event;
-
-    fn allocate(
-        &mut self,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
-        self.inner.allocate(size, stream)
-    }
-    fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
-        self.inner.free(segment)
-    }
-    fn memory_info(&mut self) -> Result<MemoryInfo, DeviceError> {
-        self.inner.memory_info()
-    }
-    fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, DeviceError> {
-        let mut state = self.failing.lock();
-        state.0 += 1;
-        let call = state.0;
-        if state.1.contains(&call) {
-            return Err(DeviceError::Driver(
-                "injected: cudaEventRecord failed".into(),
-            ));
-        }
-        drop(state);
-        self.inner.record_event(stream)
-    }
-    fn query_event(&mut self, event: &Self::Event) -> Result<bool, DeviceError> {
-        self.inner.query_event(event)
-    }
-    fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), DeviceError> {
-        self.inner.synchronize_event(event)
-    }
-    fn release_event(&mut self, event: Self::Event) {
-        self.inner.release_event(event)
-    }
-}
-
-fn states(alloc: &CachingAllocator<FailingRecords>) -> Vec<Vec<(u64, BlockState)>> {
-    alloc
-        .snapshot()
-        .segments
-        .iter()
-        .map(|s| s.blocks.iter().map(|b| (b.size, b.state)).collect())
-        .collect()
-}
-
 /// `insert_events`: when recording an event fails, PyTorch raises and leaves the block alone;
 /// it is never freed while a stream it was used on may still read it. Here the free reports
 /// the error, the block stays pending, the record is retried at the next request (a failure
@@ -390,15 +313,13 @@ fn states(alloc: &CachingAllocator<FailingRecords>) -> Vec<Vec<(u64, BlockState)
 /// completed: stream 1's event completing is not enough while stream 2 has none.
 #[test]
 fn a_failed_event_record_never_frees_the_block_early() {
-    let sim = SimDevice::new(64 * MIB);
-    let device = FailingRecords::new(sim.clone());
-    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
+    let (alloc, sim) = allocator(64 * MIB, "");
     let a = alloc.malloc(4096, S0).unwrap();
     let a_at = a.address();
     alloc.record_stream(&a, S1).unwrap();
     alloc.record_stream(&a, StreamId(2)).unwrap();
-    device.fail_nth_record(2); // stream 2's event, at the free
-    device.fail_nth_record(3); // and again at the next request
+    sim.fail_nth(SimCall::RecordEvent, 2); // stream 2's event, at the free
+    sim.fail_nth(SimCall::RecordEvent, 3); // and again at the next request
     let err = alloc.free(a).unwrap_err();
     assert!(
         matches!(err, AllocError::Device(DeviceError::Driver(_))),
@@ -406,7 +327,7 @@ fn a_failed_event_record_never_frees_the_block_early() {
     );
     assert_eq!(sim.counters().events_recorded, 1, "stream 1's event only");
     let pending = vec![vec![(4096, P), (2 * MIB - 4096, F)]];
-    assert_eq!(states(&alloc), pending);
+    assert_eq!(layout(&alloc), pending);
     assert_eq!(alloc.stats().active_bytes.all.current, 4096);
 
     // Stream 1 passes its event; the next request retries stream 2's record, which fails
@@ -417,14 +338,14 @@ fn a_failed_event_record_never_frees_the_block_early() {
         matches!(err, AllocError::Device(DeviceError::Driver(_))),
         "{err:?}"
     );
-    assert_eq!(states(&alloc), pending);
+    assert_eq!(layout(&alloc), pending);
     // The next request records stream 2's event; stream 1's has completed, but until stream
     // 2's does the block stays.
     let c = alloc.malloc(4096, S0).unwrap();
     assert_ne!(c.address(), a_at);
     assert_eq!(sim.counters().events_recorded, 2);
     alloc.free(c).unwrap();
-    assert_eq!(states(&alloc), pending);
+    assert_eq!(layout(&alloc), pending);
     sim.complete_events(StreamId(2));
     let d = alloc.malloc(4096, S0).unwrap();
     assert_eq!(

@@ -101,20 +101,10 @@ impl<D: DeviceMemory> Engine<D> {
             first: usize::MAX,
             expandable: true,
         });
-        let block = self.blocks.blocks.insert(Block {
-            segment,
-            offset: 0,
-            size: range.size,
-            requested: 0,
-            state: BlockState::Inactive,
-            prev: None,
-            next: None,
-            stream_uses: Vec::new(),
-            pending_events: 0,
-            allocation_id: 0,
-            gc_base: 0,
-            mapped: false,
-        });
+        let block = self
+            .blocks
+            .blocks
+            .insert(Block::free(segment, 0, range.size, None, None, false));
         self.blocks.segments[segment].first = block;
         self.unmapped.insert((pool, stream.0, range.address), block);
         Ok(block)
@@ -151,20 +141,14 @@ impl<D: DeviceMemory> Engine<D> {
         self.unmapped.remove(&key);
         if len < block_size {
             let b = &self.blocks.blocks[to_map];
-            let rest = Block {
-                segment: b.segment,
-                offset: offset + len,
-                size: block_size - len,
-                requested: 0,
-                state: BlockState::Inactive,
-                prev: Some(to_map),
-                next: b.next,
-                stream_uses: Vec::new(),
-                pending_events: 0,
-                allocation_id: 0,
-                gc_base: 0,
-                mapped: false,
-            };
+            let rest = Block::free(
+                b.segment,
+                offset + len,
+                block_size - len,
+                Some(to_map),
+                b.next,
+                false,
+            );
             let rest = self.blocks.blocks.insert(rest);
             if let Some(next) = self.blocks.blocks[to_map].next {
                 self.blocks.blocks[next].prev = Some(rest);
@@ -312,20 +296,10 @@ impl<D: DeviceMemory> Engine<D> {
             (Some(block), b.next)
         };
         let segment = b.segment;
-        let new = self.blocks.blocks.insert(Block {
-            segment,
-            offset,
-            size,
-            requested: 0,
-            state: BlockState::Inactive,
-            prev,
-            next,
-            stream_uses: Vec::new(),
-            pending_events: 0,
-            allocation_id: 0,
-            gc_base: 0,
-            mapped: true,
-        });
+        let new = self
+            .blocks
+            .blocks
+            .insert(Block::free(segment, offset, size, prev, next, true));
         match prev {
             Some(p) => self.blocks.blocks[p].next = Some(new),
             None => self.blocks.segments[segment].first = new,

@@ -144,20 +144,14 @@ impl<D: DeviceMemory> Engine<D> {
         let block_size = self.blocks.blocks[block].size;
         if self.should_split(pool, block_size, rounded) {
             let b = &self.blocks.blocks[block];
-            let remainder = Block {
-                segment: b.segment,
-                offset: b.offset + rounded,
-                size: block_size - rounded,
-                requested: 0,
-                state: BlockState::Inactive,
-                prev: Some(block),
-                next: b.next,
-                stream_uses: Vec::new(),
-                pending_events: 0,
-                allocation_id: 0,
-                gc_base: 0,
-                mapped: true,
-            };
+            let remainder = Block::free(
+                b.segment,
+                b.offset + rounded,
+                block_size - rounded,
+                Some(block),
+                b.next,
+                true,
+            );
             let remainder = self.blocks.blocks.insert(remainder);
             if let Some(next) = self.blocks.blocks[block].next {
                 self.blocks.blocks[next].prev = Some(remainder);

@@ -4,7 +4,7 @@
 //! Only whole free segments go back: a segment with any allocated or pending block stays.
 
 use super::Engine;
-use crate::alloc::block::{Block, BlockId, BlockState, Segment};
+use crate::alloc::block::{Block, BlockId, Segment};
 use crate::alloc::error::AllocError;
 use crate::alloc::size::PoolKind;
 use crate::alloc::trace::TraceEvent;
@@ -45,20 +45,10 @@ impl<D: DeviceMemory> Engine<D> {
             first: usize::MAX,
             expandable: false,
         });
-        let block = self.blocks.blocks.insert(Block {
-            segment: segment_id,
-            offset: 0,
-            size,
-            requested: 0,
-            state: BlockState::Inactive,
-            prev: None,
-            next: None,
-            stream_uses: Vec::new(),
-            pending_events: 0,
-            allocation_id: 0,
-            gc_base: 0,
-            mapped: true,
-        });
+        let block = self
+            .blocks
+            .blocks
+            .insert(Block::free(segment_id, 0, size, None, None, true));
         self.blocks.segments[segment_id].first = block;
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
