@@ -12,18 +12,28 @@ use crate::support::mlp_check::{MlpShape, train_and_check};
 
 /// The CUDA Burn tests share the process's one `CachingCuda` device (and its engine); they
 /// take this lock so that one test's allocations do not show in another's counters.
-pub(crate) static CUDA_DEVICE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static CUDA_DEVICE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The test's turn on the CUDA device; `None`, with the reason printed, where CUDA cannot be
+/// used.
+pub(crate) fn cuda_turn() -> Option<std::sync::MutexGuard<'static, ()>> {
+    if let Err(reason) = cuda_available() {
+        eprintln!("skipping: {reason}");
+        return None;
+    }
+    Some(
+        CUDA_DEVICE
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+    )
+}
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn mlp_trains_on_caching_cuda_and_memory_settles() {
-    if let Err(reason) = cuda_available() {
-        eprintln!("skipping: {reason}");
+    let Some(_turn) = cuda_turn() else {
         return;
-    }
-    let _device = CUDA_DEVICE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    };
     let shape = MlpShape {
         hidden: 64,
         batch: 128,

@@ -7,9 +7,8 @@
 use burn::backend::cuda::CudaDevice;
 use burn::tensor::{Tensor, TensorData};
 use burn_caching_alloc::backend::{self, CachingCuda};
-use burn_caching_alloc::cuda::cuda_available;
 
-use crate::burn_mlp_cuda::CUDA_DEVICE;
+use crate::burn_mlp_cuda::cuda_turn;
 
 /// One step: a strided (transposed) operand, a scalar, an addition; returns the result.
 fn step(
@@ -23,13 +22,9 @@ fn step(
 #[test]
 #[ignore = "needs a CUDA device"]
 fn warm_launches_allocate_no_device_memory_and_compute_right() {
-    if let Err(reason) = cuda_available() {
-        eprintln!("skipping: {reason}");
+    let Some(_turn) = cuda_turn() else {
         return;
-    }
-    let _device = CUDA_DEVICE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    };
     let device = CudaDevice::default();
     let (rows, cols) = (48, 80);
     let values: Vec<f32> = (0..rows * cols).map(|i| (i % 17) as f32).collect();

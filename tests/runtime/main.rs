@@ -15,7 +15,7 @@
 //! fraction back to 1) and compares cumulative counters as deltas. `trace_wgpu` needs a
 //! variable set before its device first opens, so it runs in a child process of this binary
 //! (`support::child`). In the CUDA tests, `cuda_memory` opens its own `CudaMemory`; `burn_mlp_cuda`
-//! and `cuda_launches` use the registered CUDA device one at a time (`burn_mlp_cuda::CUDA_DEVICE`).
+//! and `cuda_launches` use the registered CUDA device one at a time (`burn_mlp_cuda::cuda_turn`).
 
 #[path = "../support/mod.rs"]
 mod support;
