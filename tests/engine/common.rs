@@ -113,6 +113,17 @@ pub fn check_snapshot_invariants(snapshot: &Snapshot, device: &SimDevice, baseli
     );
 }
 
+/// Panics unless no two (address, size) spans overlap.
+pub fn assert_disjoint(mut spans: Vec<(u64, u64)>) {
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        assert!(
+            pair[0].0 + pair[0].1 <= pair[1].0,
+            "live allocations overlap: {pair:?}"
+        );
+    }
+}
+
 /// Adjacent (address, size) runs joined into one.
 pub fn coalesce(runs: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     let mut joined: Vec<(u64, u64)> = Vec::new();

@@ -613,12 +613,11 @@ fn check_live(model: &Model, snapshot: &Snapshot) {
         live, blocks,
         "live handles == the snapshot's allocated blocks"
     );
-    for pair in live.windows(2) {
-        assert!(
-            pair[0].0 + pair[0].1 <= pair[1].0,
-            "live allocations overlap: {pair:?}"
-        );
-    }
+    assert_disjoint(
+        live.iter()
+            .map(|&(address, size, _)| (address, size))
+            .collect(),
+    );
 }
 
 fn check_counters(model: &Model, stats: &MemoryStats) {

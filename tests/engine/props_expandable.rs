@@ -52,14 +52,7 @@ fn config() -> impl Strategy<Value = &'static str> {
 }
 
 fn check_no_overlap(live: &[Allocation<u64>]) {
-    let mut spans: Vec<(u64, u64)> = live.iter().map(|a| (a.address(), a.size())).collect();
-    spans.sort_unstable();
-    for pair in spans.windows(2) {
-        assert!(
-            pair[0].0 + pair[0].1 <= pair[1].0,
-            "live allocations overlap: {pair:?}"
-        );
-    }
+    assert_disjoint(live.iter().map(|a| (a.address(), a.size())).collect());
 }
 
 proptest! {

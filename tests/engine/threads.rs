@@ -67,11 +67,7 @@ fn eight_threads_share_one_allocator_without_losing_a_byte() {
         expected += bytes;
     }
     assert_eq!(alloc.stats().memory_allocated(), expected);
-    let mut spans: Vec<(u64, u64)> = live.iter().map(|a| (a.address(), a.size())).collect();
-    spans.sort_unstable();
-    for pair in spans.windows(2) {
-        assert!(pair[0].0 + pair[0].1 <= pair[1].0, "overlap {pair:?}");
-    }
+    assert_disjoint(live.iter().map(|a| (a.address(), a.size())).collect());
     check_invariants(&alloc, &device);
     for a in live {
         alloc.free(a).unwrap();

@@ -104,14 +104,15 @@ impl<D: DeviceMemory> Engine<D> {
                 .map_or(-1, crate::alloc::stats::signed),
             ..MemoryStats::default()
         };
-        if config.expandable_segments && device.virtual_memory_granularity().is_none() {
+        let vm_granularity = device.virtual_memory_granularity();
+        if config.expandable_segments && vm_granularity.is_none() {
             log::warn!(
                 "expandable_segments is set but this device has no virtual memory: \
                  the allocator uses ordinary segments"
             );
         }
         Self {
-            vm_granularity: device.virtual_memory_granularity(),
+            vm_granularity,
             max_segment: device.max_segment_size(),
             device,
             config,
@@ -229,17 +230,13 @@ impl<D: DeviceMemory> Engine<D> {
         };
         for (id, segment) in self.blocks.segments.iter() {
             // An expandable segment is seen as its mapped runs, as the snapshot shows it.
-            let mut run_start = None;
+            let mut in_run = false;
             for b in self.blocks.segment_blocks(id) {
                 let block = &self.blocks.blocks[b];
-                match (block.mapped, run_start) {
-                    (true, None) => {
-                        run_start = Some(segment.address + block.offset);
-                        history.seed_segment(segment.address + block.offset, segment.stream.0);
-                    }
-                    (false, Some(_)) => run_start = None,
-                    _ => {}
+                if block.mapped && !in_run {
+                    history.seed_segment(segment.address + block.offset, segment.stream.0);
                 }
+                in_run = block.mapped;
             }
         }
         for (_, block) in self.blocks.blocks.iter() {
