@@ -36,9 +36,23 @@ use crate::runtime::registry::{self, DeviceEntry};
 pub use crate::wgpu::CachingWgpuRuntime;
 
 /// `Autodiff<CachingWgpu>` trains on wgpu with the caching allocator; the element types are
-/// burn-wgpu 0.21's (`f32`, `i32`, `u32`).
+/// burn-wgpu 0.21's (`f32`, `i32`, `u32`). With the `fusion` feature (on by default, as in
+/// burn-wgpu) it is `Fusion<CubeBackend<..>>`, exactly as Burn's `Wgpu` is; without it, it is
+/// [`CachingWgpuUnfused`].
+#[cfg(all(feature = "wgpu", feature = "fusion"))]
+pub type CachingWgpu<F = f32, I = i32, B = u32> = burn_fusion::Fusion<CachingWgpuUnfused<F, I, B>>;
+
+/// `Autodiff<CachingWgpu>` trains on wgpu with the caching allocator; the element types are
+/// burn-wgpu 0.21's (`f32`, `i32`, `u32`). Built without the `fusion` feature, it is
+/// [`CachingWgpuUnfused`], as Burn's `Wgpu` is without its `fusion` feature.
+#[cfg(all(feature = "wgpu", not(feature = "fusion")))]
+pub type CachingWgpu<F = f32, I = i32, B = u32> = CachingWgpuUnfused<F, I, B>;
+
+/// The caching wgpu backend without kernel fusion: the plain `CubeBackend` over
+/// [`CachingWgpuRuntime`] (what Burn's `Wgpu` is without its `fusion` feature). Every tensor
+/// operation allocates when it is called, not when a fusion queue drains.
 #[cfg(feature = "wgpu")]
-pub type CachingWgpu<F = f32, I = i32, B = u32> =
+pub type CachingWgpuUnfused<F = f32, I = i32, B = u32> =
     burn::backend::wgpu::CubeBackend<CachingWgpuRuntime, F, I, B>;
 
 #[cfg(feature = "cuda")]
@@ -46,8 +60,21 @@ pub use crate::cuda::CachingCudaRuntime;
 
 /// `Autodiff<CachingCuda>` trains on CUDA with the caching allocator; the element types are
 /// burn-cuda 0.21's (`f32`, `i32`, `u8`). The device is Burn's `burn::backend::cuda::CudaDevice`.
+/// With the `fusion` feature (on by default, as in burn-cuda) it is `Fusion<CubeBackend<..>>`,
+/// exactly as Burn's `Cuda` is; without it, it is [`CachingCudaUnfused`].
+#[cfg(all(feature = "cuda", feature = "fusion"))]
+pub type CachingCuda<F = f32, I = i32, B = u8> = burn_fusion::Fusion<CachingCudaUnfused<F, I, B>>;
+
+/// `Autodiff<CachingCuda>` trains on CUDA with the caching allocator; the element types are
+/// burn-cuda 0.21's (`f32`, `i32`, `u8`). Built without the `fusion` feature, it is
+/// [`CachingCudaUnfused`], as Burn's `Cuda` is without its `fusion` feature.
+#[cfg(all(feature = "cuda", not(feature = "fusion")))]
+pub type CachingCuda<F = f32, I = i32, B = u8> = CachingCudaUnfused<F, I, B>;
+
+/// The caching CUDA backend without kernel fusion: the plain `CubeBackend` over
+/// [`CachingCudaRuntime`] (what Burn's `Cuda` is without its `fusion` feature).
 #[cfg(feature = "cuda")]
-pub type CachingCuda<F = f32, I = i32, B = u8> =
+pub type CachingCudaUnfused<F = f32, I = i32, B = u8> =
     burn_cubecl::CubeBackend<CachingCudaRuntime, F, I, B>;
 
 /// A device type the caching runtimes open.
