@@ -1,10 +1,10 @@
 //! The public, thread-safe caching allocator.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::block::BlockId;
 use super::config::{AllocatorConfig, ConfigError, validate_memory_fraction};
@@ -89,6 +89,45 @@ pub struct CachingAllocator<D: DeviceMemory> {
     oom_snapshot: Mutex<Option<PathBuf>>,
     /// The device ordinal PyTorch-format snapshots name (`device`, `device_traces` index).
     device_index: AtomicU32,
+    /// The operation that panicked while it held the engine, if one did (see [`Changing`]).
+    poisoned: OnceLock<&'static str>,
+}
+
+/// The engine, locked for an operation that changes it. If the thread panics while holding it
+/// (parking_lot's mutex does not poison, and CubeCL catches panics in server tasks and carries
+/// on), dropping it during the unwind marks the allocator poisoned before the lock is released,
+/// so the next operation, on any thread, sees the mark as soon as it holds the lock.
+struct Changing<'a, D: DeviceMemory> {
+    engine: MutexGuard<'a, Engine<D>>,
+    poisoned: &'a OnceLock<&'static str>,
+    operation: &'static str,
+}
+
+impl<D: DeviceMemory> Drop for Changing<'_, D> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.poisoned.set(self.operation);
+            log::error!(
+                "caching allocator: `{}` panicked half-way through; the allocator is poisoned \
+                 and hands out no more memory",
+                self.operation
+            );
+        }
+    }
+}
+
+impl<D: DeviceMemory> core::ops::Deref for Changing<'_, D> {
+    type Target = Engine<D>;
+
+    fn deref(&self) -> &Engine<D> {
+        &self.engine
+    }
+}
+
+impl<D: DeviceMemory> core::ops::DerefMut for Changing<'_, D> {
+    fn deref_mut(&mut self) -> &mut Engine<D> {
+        &mut self.engine
+    }
 }
 
 /// A callback run when a request fails with out-of-memory (see
@@ -117,7 +156,28 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             oom_observers: Mutex::new(Vec::new()),
             oom_snapshot: Mutex::new(None),
             device_index: AtomicU32::new(0),
+            poisoned: OnceLock::new(),
         }
+    }
+
+    /// Locks the engine for `operation`, which changes it; [`AllocError::Poisoned`] if an
+    /// earlier operation panicked while it held the engine.
+    fn change(&self, operation: &'static str) -> Result<Changing<'_, D>, AllocError> {
+        let engine = self.engine.lock();
+        if let Some(&operation) = self.poisoned.get() {
+            return Err(AllocError::Poisoned { operation });
+        }
+        Ok(Changing {
+            engine,
+            poisoned: &self.poisoned,
+            operation,
+        })
+    }
+
+    /// The operation that panicked half-way through and poisoned this allocator, if one did
+    /// (every operation that changes the allocator then fails with [`AllocError::Poisoned`]).
+    pub fn poisoned(&self) -> Option<&'static str> {
+        self.poisoned.get().copied()
     }
 
     /// A stack of the caller when the recording keeps stacks for `context` or more.
@@ -161,8 +221,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// Allocates `size` bytes for `stream`, growing reserved memory if no cached block fits.
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation<D::Handle>, AllocError> {
         let stack = self.capture_stack(1);
-        let result = {
-            let mut engine = self.engine.lock();
+        let result = self.change("malloc").and_then(|mut engine| {
             engine.set_request_stack(stack);
             let block = engine.malloc(size, stream, Growth::Allowed);
             engine.set_request_stack(None);
@@ -170,7 +229,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 let b = b.expect("growth allowed always yields a block or an error");
                 self.allocation(&engine, b)
             })
-        };
+        });
         if let Err(err) = &result
             && err.is_out_of_memory()
         {
@@ -186,7 +245,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         stream: StreamId,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
         let stack = self.capture_stack(1);
-        let mut engine = self.engine.lock();
+        let mut engine = self.change("malloc")?;
         engine.set_request_stack(stack);
         let block = engine.malloc(size, stream, Growth::CacheOnly);
         engine.set_request_stack(None);
@@ -198,7 +257,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         if size == 0 {
             return false;
         }
-        let engine = self.engine.lock();
+        let Ok(engine) = self.change("malloc") else {
+            return false;
+        };
         let (rounded, pool) = engine.block_for(size);
         engine.find_free_block(pool, stream, rounded).is_some()
     }
@@ -210,7 +271,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             return Err(AllocError::InvalidFree { id: allocation.id });
         }
         let stack = self.capture_stack(3);
-        let mut engine = self.engine.lock();
+        let mut engine = self.change("free")?;
         engine.set_request_stack(stack);
         let result = engine.free(allocation.id, allocation.block);
         engine.set_request_stack(None);
@@ -226,15 +287,14 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         if allocation.allocator != self.id {
             return Err(AllocError::InvalidFree { id: allocation.id });
         }
-        self.engine
-            .lock()
+        self.change("record_stream")?
             .record_stream(allocation.id, allocation.block, stream)
     }
 
     /// Returns every cached segment that holds no live block to the device; returns the bytes
     /// released. Segments holding a live block stay.
     pub fn empty_cache(&self) -> Result<u64, AllocError> {
-        self.engine.lock().empty_cache()
+        self.change("empty_cache")?.empty_cache()
     }
 
     /// A copy of the statistics, like `torch.cuda.memory_stats()`.
@@ -278,11 +338,13 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         summary(&self.stats())
     }
 
-    /// Limits reserved memory to `fraction` of the device's total; `fraction` in (0, 1].
+    /// Limits reserved memory to `fraction` of the device's total; `fraction` in (0, 1]. Below
+    /// 1 the device must report its total memory ([`ConfigError::Unsupported`] otherwise), and
+    /// the limit must hold at least one 512-byte block ([`ConfigError::InvalidValue`]
+    /// otherwise); on an error the fraction in force stays.
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), ConfigError> {
         let fraction = validate_memory_fraction(fraction)?;
-        self.engine.lock().set_memory_fraction(fraction);
-        Ok(())
+        self.engine.lock().set_memory_fraction(fraction)
     }
 
     /// A copy of the configuration in use.
@@ -372,24 +434,35 @@ impl<D: DeviceMemory> CachingAllocator<D> {
 }
 
 /// Dropping an allocator returns every segment that holds no live block to the device (as
-/// `empty_cache` does, waiting for pending stream events first). Segments that still hold a
-/// live allocation cannot be returned safely, since their memory may still be in use: they are
-/// left to the device (freed when its context closes) and reported with a warning, like
-/// gpu-allocator's leak report.
+/// `empty_cache` does, waiting for pending stream events first), going on past failures: a
+/// failed event synchronisation keeps only its own block's segment, a segment the device
+/// refuses keeps only itself, and each failure is logged as an error. Segments that still hold
+/// a live allocation cannot be returned safely, since their memory may still be in use: they
+/// are left to the device (freed when its context closes) and reported with a warning, like
+/// gpu-allocator's leak report. A poisoned allocator (see [`AllocError::Poisoned`]) returns
+/// nothing: its structures cannot say safely which segments are free.
 impl<D: DeviceMemory> Drop for CachingAllocator<D> {
     fn drop(&mut self) {
+        if let Some(operation) = self.poisoned.get() {
+            log::error!(
+                "caching allocator dropped after `{operation}` panicked half-way through: its \
+                 segments are left to the device"
+            );
+            return;
+        }
         let engine = self.engine.get_mut();
-        if let Err(err) = engine.release_cached_blocks() {
-            log::error!("caching allocator: returning cached segments on drop failed: {err}");
+        let (_, failures) = engine.release_at_drop();
+        for err in &failures {
+            log::error!("caching allocator: returning cached segments on drop: {err}");
         }
         let stats = engine.stats();
         let live = stats.allocation.all.current;
-        if live > 0 {
+        let held = stats.segment.all.current;
+        if live > 0 || held > 0 {
             log::warn!(
-                "caching allocator dropped with {live} live allocation(s) of {} in {} \
+                "caching allocator dropped with {live} live allocation(s) of {} in {held} \
                  segment(s) of {}: those segments are left to the device",
                 format_bytes(stats.allocated_bytes.all.current),
-                stats.segment.all.current,
                 format_bytes(stats.reserved_bytes.all.current),
             );
         }

@@ -24,6 +24,11 @@ pub const KNOWN_KEYS: [&str; 8] = [
     "history_capacity",
 ];
 
+/// The most trace events `history_capacity` may keep: 2^24 (16 777 216). An event takes
+/// about a hundred bytes and more with its stack, so the largest ring is a few GiB; the 2^32
+/// allowed before could grow the ring to hundreds of GiB.
+pub const MAX_HISTORY_CAPACITY: u64 = 1 << 24;
+
 /// The smallest `max_split_size_mb` / `max_non_split_rounding_mb` accepted: one 20 MiB
 /// large-pool segment (PyTorch 2.9's `parseMaxSplitSize`).
 const MIN_SPLIT_MB: u64 = 20;
@@ -272,7 +277,8 @@ impl AllocatorConfig {
                 };
             }
             "history_capacity" => {
-                self.history_capacity = parse_integer(key, value, 1, 1 << 32)? as usize;
+                self.history_capacity =
+                    parse_integer(key, value, 1, MAX_HISTORY_CAPACITY)? as usize;
             }
             "expandable_segments" => {
                 // PyTorch's tokenizer takes `True`/`False`; lower case is accepted too.

@@ -67,6 +67,20 @@ pub enum AllocError {
         /// The allocation's id.
         id: u64,
     },
+    /// An earlier operation panicked half-way through (a device implementation's panic, a
+    /// broken internal assertion), so the allocator's structures may disagree with each other
+    /// and with the device. From then on the allocator hands out and takes back nothing: the
+    /// memory it holds stays with the device until the process ends. Statistics and snapshots
+    /// can still be read, to diagnose.
+    #[error(
+        "the caching allocator is unusable: an earlier `{operation}` panicked half-way through \
+         and may have left its blocks inconsistent, so no memory is handed out or taken back \
+         any more (statistics and snapshots can still be read)"
+    )]
+    Poisoned {
+        /// The operation that panicked (`malloc`, `free`, `empty_cache`, ...).
+        operation: &'static str,
+    },
     /// The device failed in some other way.
     #[error(transparent)]
     Device(#[from] DeviceError),

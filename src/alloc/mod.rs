@@ -44,7 +44,7 @@ pub use allocator::{Allocation, CachingAllocator, OomObserver};
 pub use block::BlockState;
 #[cfg(feature = "runtime")]
 pub(crate) use config::CONFIG_ENV;
-pub use config::{AllocatorConfig, ConfigError, RoundupDivisions};
+pub use config::{AllocatorConfig, ConfigError, MAX_HISTORY_CAPACITY, RoundupDivisions};
 pub use error::{AllocError, OomAdvice, OomDiagnosis};
 pub use history::{HistoryEntry, HistoryOptions, RecordMode, StackContext, TraceAction};
 pub use size::{PoolKind, round_size, segment_size};
@@ -54,5 +54,5 @@ pub use stack::{Frame, Stack, StackResolver};
 pub(crate) use stats::signed;
 pub use stats::{MemoryStats, Stat, StatArray};
 pub use trace::{Trace, TraceEvent};
-pub use trace_file::TraceFileError;
+pub use trace_file::{MAX_TRACE_BYTES, TraceFileError};
 pub use units::{KIB, MIB, format_bytes};

@@ -1,4 +1,11 @@
 //! Trace files: a [`Trace`] as JSON on disk, gzipped when the file name ends in `.gz`.
+//!
+//! Reading decompresses into memory first, so that a corrupt or truncated gzip stream is
+//! reported as such ([`TraceFileError::Gzip`]) and not as JSON that does not parse, and stops
+//! at [`MAX_TRACE_BYTES`] of JSON ([`TraceFileError::TooLarge`]): a small `.gz` file can
+//! expand to any size. Writing goes to a temporary file beside the target, renamed over it
+//! once complete, so a failed or interrupted write never leaves a truncated trace under the
+//! target's name.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -9,6 +16,10 @@ use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 
 use super::trace::Trace;
+
+/// The largest trace read, in bytes of JSON (after decompression): 4 GiB, about 40 million
+/// events.
+pub const MAX_TRACE_BYTES: u64 = 4 << 30;
 
 /// Why a trace file could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +32,23 @@ pub enum TraceFileError {
         path: PathBuf,
         /// The I/O error.
         source: std::io::Error,
+    },
+    /// The file's name ends in `.gz` but its contents are not a complete gzip stream
+    /// (corrupt, truncated, or not gzip at all).
+    #[error("{} is not a complete gzip stream (corrupt or truncated): {source}", path.display())]
+    Gzip {
+        /// The file.
+        path: PathBuf,
+        /// The decoder's error.
+        source: std::io::Error,
+    },
+    /// The file holds (or decompresses to) more than `limit` bytes of JSON.
+    #[error("{} holds more than {limit} bytes of JSON: refused as a trace", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The limit, [`MAX_TRACE_BYTES`].
+        limit: u64,
     },
     /// The file's contents are not a trace, or the trace could not be serialised.
     #[error("{} is not a trace (JSON of trace events): {source}", path.display())]
@@ -37,26 +65,72 @@ fn gzipped(path: &Path) -> bool {
     path.extension().is_some_and(|ext| ext == "gz")
 }
 
+/// Reads all of `reader`, at most `limit` bytes: `Ok(None)` when there is more.
+fn read_capped(reader: impl Read, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let mut bytes = Vec::new();
+    reader
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= limit).then_some(bytes))
+}
+
 impl Trace {
-    /// Reads the trace in `path`: JSON, or gzipped JSON when the name ends in `.gz`.
+    /// Reads the trace in `path`: JSON, or gzipped JSON when the name ends in `.gz`; at most
+    /// [`MAX_TRACE_BYTES`] of JSON.
     pub fn read_file(path: &Path) -> Result<Self, TraceFileError> {
+        Self::read_file_capped(path, MAX_TRACE_BYTES)
+    }
+
+    /// [`Trace::read_file`] with a limit of `limit` bytes of JSON.
+    pub fn read_file_capped(path: &Path, limit: u64) -> Result<Self, TraceFileError> {
+        let path_buf = || path.to_path_buf();
         let file = File::open(path).map_err(|source| TraceFileError::Io {
-            path: path.to_path_buf(),
+            path: path_buf(),
             source,
         })?;
-        let reader: Box<dyn Read> = if gzipped(path) {
-            Box::new(GzDecoder::new(BufReader::new(file)))
+        let bytes = if gzipped(path) {
+            read_capped(GzDecoder::new(BufReader::new(file)), limit).map_err(|source| {
+                TraceFileError::Gzip {
+                    path: path_buf(),
+                    source,
+                }
+            })?
         } else {
-            Box::new(BufReader::new(file))
+            read_capped(BufReader::new(file), limit).map_err(|source| TraceFileError::Io {
+                path: path_buf(),
+                source,
+            })?
         };
-        Trace::read_json(reader).map_err(|source| TraceFileError::Json {
-            path: path.to_path_buf(),
+        let bytes = bytes.ok_or_else(|| TraceFileError::TooLarge {
+            path: path_buf(),
+            limit,
+        })?;
+        Trace::read_json(bytes.as_slice()).map_err(|source| TraceFileError::Json {
+            path: path_buf(),
             source,
         })
     }
 
-    /// Writes the trace to `path`: JSON, gzipped when the name ends in `.gz`.
+    /// Writes the trace to `path`: JSON, gzipped when the name ends in `.gz`. The file
+    /// appears under its name only once complete (written beside it, then renamed).
     pub fn write_file(&self, path: &Path) -> Result<(), TraceFileError> {
+        let io = |source| TraceFileError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut temporary = path.as_os_str().to_owned();
+        temporary.push(format!(".{}.partial", std::process::id()));
+        let temporary = PathBuf::from(temporary);
+        let written = self.write_whole(path, &temporary);
+        let renamed = written.and_then(|()| std::fs::rename(&temporary, path).map_err(io));
+        if renamed.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        renamed
+    }
+
+    /// Writes the trace to `temporary` as `path` names its format, synced to the disk.
+    fn write_whole(&self, path: &Path, temporary: &Path) -> Result<(), TraceFileError> {
         let io = |source| TraceFileError::Io {
             path: path.to_path_buf(),
             source,
@@ -65,7 +139,7 @@ impl Trace {
             path: path.to_path_buf(),
             source,
         };
-        let file = BufWriter::new(File::create(path).map_err(io)?);
+        let file = BufWriter::new(File::create(temporary).map_err(io)?);
         let mut file = if gzipped(path) {
             let mut encoder = GzEncoder::new(file, Compression::best());
             self.write_json(&mut encoder).map_err(json)?;
@@ -75,7 +149,9 @@ impl Trace {
             self.write_json(&mut file).map_err(json)?;
             file
         };
-        file.flush().map_err(io)
+        file.flush().map_err(io)?;
+        let file = file.into_inner().map_err(|err| io(err.into_error()))?;
+        file.sync_all().map_err(io)
     }
 
     /// Decodes a gzipped JSON trace held in memory (an embedded trace file).
@@ -144,5 +220,91 @@ mod tests {
             other => panic!("expected a JSON error, got {other:?}"),
         }
         let _ = std::fs::remove_file(&wrong);
+    }
+
+    /// Issue 20 point 6: a corrupt or truncated gzip stream used to be reported as "not a
+    /// trace" (a JSON error); it is a gzip error now, naming the file.
+    #[test]
+    fn a_truncated_or_corrupt_gzip_file_is_a_gzip_error() {
+        let path = scratch("whole.json.gz");
+        sample().write_file(&path).expect("written");
+        let bytes = std::fs::read(&path).expect("read back");
+        let truncated = scratch("truncated.json.gz");
+        std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("written");
+        let corrupt = scratch("corrupt.json.gz");
+        let mut flipped = bytes.clone();
+        flipped[bytes.len() - 6] ^= 0xff; // inside the CRC-32 trailer
+        std::fs::write(&corrupt, &flipped).expect("written");
+        let not_gzip = scratch("plain-text.json.gz");
+        std::fs::write(&not_gzip, b"{\"events\": []}").expect("written");
+        for file in [&truncated, &corrupt, &not_gzip] {
+            match Trace::read_file(file) {
+                Err(err @ TraceFileError::Gzip { .. }) => {
+                    assert!(
+                        err.to_string().contains("not a complete gzip stream"),
+                        "{err}"
+                    );
+                    assert!(
+                        err.to_string()
+                            .contains(&*file.file_name().unwrap().to_string_lossy()),
+                        "{err}"
+                    );
+                }
+                other => panic!("{}: expected a gzip error, got {other:?}", file.display()),
+            }
+            let _ = std::fs::remove_file(file);
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Issue 20 point 6: no size cap; a small `.gz` can expand to any size.
+    #[test]
+    fn a_trace_beyond_the_cap_is_refused_before_it_is_parsed() {
+        let path = scratch("capped.json.gz");
+        sample().write_file(&path).expect("written");
+        let json_len = serde_json::to_vec(&sample()).unwrap().len() as u64;
+        assert_eq!(
+            Trace::read_file_capped(&path, json_len).expect("at the cap"),
+            sample()
+        );
+        match Trace::read_file_capped(&path, json_len - 1) {
+            Err(err @ TraceFileError::TooLarge { .. }) => {
+                assert!(
+                    err.to_string().contains(&format!("{}", json_len - 1)),
+                    "{err}"
+                )
+            }
+            other => panic!("expected too large, got {other:?}"),
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Issue 20 point 6: writes were not atomic. A write that fails (here: the trace's
+    /// directory is a file) leaves no partial file behind, and a rewrite replaces the old
+    /// trace whole.
+    #[test]
+    fn writes_replace_the_file_whole_and_leave_nothing_when_they_fail() {
+        let path = scratch("atomic.json");
+        std::fs::write(&path, b"old contents").expect("written");
+        sample().write_file(&path).expect("written");
+        assert_eq!(Trace::read_file(&path).expect("parsed"), sample());
+        let dir = path.parent().unwrap();
+        let leftovers = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with(&*path.file_name().unwrap().to_string_lossy())
+                    && name.ends_with(".partial")
+            })
+            .count();
+        assert_eq!(leftovers, 0);
+        let inside_a_file = path.join("trace.json");
+        assert!(matches!(
+            sample().write_file(&inside_a_file),
+            Err(TraceFileError::Io { .. })
+        ));
+        assert_eq!(Trace::read_file(&path).expect("untouched"), sample());
+        let _ = std::fs::remove_file(&path);
     }
 }

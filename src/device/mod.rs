@@ -51,6 +51,15 @@ pub enum DeviceError {
     /// Any other driver failure.
     #[error("device driver error: {0}")]
     Driver(String),
+    /// An unmap failed part-way: the first `unmapped` bytes of the range asked for (whole
+    /// pages, as mapped) went back to the device, the rest is still mapped.
+    #[error("device driver error after unmapping the first {unmapped} bytes: {reason}")]
+    PartialUnmap {
+        /// Bytes unmapped from the start of the range asked for.
+        unmapped: u64,
+        /// The driver's failure.
+        reason: String,
+    },
     /// The device cannot do this at all (e.g. virtual memory on wgpu).
     #[error("the device does not support {0}")]
     Unsupported(&'static str),
@@ -134,7 +143,10 @@ pub trait DeviceMemory: Send + 'static {
     }
 
     /// Returns the pages behind `[offset, offset + size)` of a reserved range (whole pages as
-    /// mapped) to the device, once the work queued on the device has finished with them.
+    /// mapped) to the device, once the work queued on the device has finished with them. A
+    /// failure after some pages went back is [`DeviceError::PartialUnmap`], saying how many
+    /// bytes from `offset` on are unmapped (pages are unmapped in address order); any other
+    /// error means nothing was unmapped.
     fn unmap_range(
         &mut self,
         range: &DeviceSegment<Self::Handle>,

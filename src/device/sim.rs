@@ -2,9 +2,11 @@
 //!
 //! Failures can be injected into every call the engine makes: allocations fail as out of
 //! memory ([`SimDevice::fail_nth_allocation`], [`SimDevice::fail_allocations_over`]), and
-//! frees, event records, event queries and synchronisations fail as driver errors
+//! allocations, frees, event records, event queries and synchronisations fail as driver errors
 //! ([`SimDevice::fail_next`]), so that tests can check that the engine reports each error and
-//! stays consistent.
+//! stays consistent. The same calls can also panic ([`SimDevice::panic_next`]), as a device
+//! implementation's bug would, so that tests can check what the engine does after a panic it
+//! did not see coming.
 //!
 //! It backs the engine's tests and the benchmarks, so it runs anywhere. Clones share one
 //! device, so a test can keep a clone to inspect what the allocator did with the other.
@@ -59,7 +61,18 @@ pub enum SimCall {
     QueryEvent,
     /// [`DeviceMemory::synchronize_event`]: the event stays incomplete.
     SynchronizeEvent,
+    /// [`DeviceMemory::allocate`]: nothing is allocated (a driver error, not out of memory).
+    Allocate,
+    /// [`DeviceMemory::unmap_range`], failing half-way as a `cuMemUnmap` of a later page
+    /// would: when the range asked for holds more than one page (as mapped), its first page is
+    /// unmapped and the failure is [`DeviceError::PartialUnmap`]; otherwise nothing changes.
+    Unmap,
+    /// [`DeviceMemory::memory_info`]: the device cannot say how much memory it has.
+    MemoryInfo,
 }
+
+/// The number of [`SimCall`] kinds.
+const SIM_CALLS: usize = 7;
 
 impl SimCall {
     fn index(self) -> usize {
@@ -68,12 +81,18 @@ impl SimCall {
             SimCall::RecordEvent => 1,
             SimCall::QueryEvent => 2,
             SimCall::SynchronizeEvent => 3,
+            SimCall::Allocate => 4,
+            SimCall::Unmap => 5,
+            SimCall::MemoryInfo => 6,
         }
     }
 }
 
 /// The message of every injected driver error.
 pub const INJECTED_FAILURE: &str = "injected failure";
+
+/// The message of every injected panic.
+pub const INJECTED_PANIC: &str = "injected panic";
 
 /// A simulated stream event: done once its stream was completed past it.
 #[derive(Debug)]
@@ -92,14 +111,17 @@ struct SimState {
     live: BTreeMap<u64, (u64, u64)>,
     /// Reserved address ranges: address -> (size, handle, mapped pages as offset -> size).
     ranges: BTreeMap<u64, (u64, u64, BTreeMap<u64, u64>)>,
+    /// The page each range was last mapped with (a half-way unmap unmaps one of them).
+    range_pages: BTreeMap<u64, u64>,
     bytes_in_use: u64,
     counters: SimCounters,
     /// Allocation calls to fail, counted from 1 at the next call.
     fail_calls: Vec<u64>,
     fail_over: Option<u64>,
-    /// Per [`SimCall`]: the calls made so far, and the call numbers that are to fail.
-    calls: [u64; 4],
-    armed: [Vec<u64>; 4],
+    /// Per [`SimCall`]: the calls made so far, and the call numbers that are to fail or panic.
+    calls: [u64; SIM_CALLS],
+    armed: [Vec<u64>; SIM_CALLS],
+    armed_panics: [Vec<u64>; SIM_CALLS],
     /// Per stream: the last event sequence recorded and the last completed.
     recorded: BTreeMap<StreamId, u64>,
     completed: BTreeMap<StreamId, u64>,
@@ -157,12 +179,14 @@ impl SimDevice {
                 next_handle: 1,
                 live: BTreeMap::new(),
                 ranges: BTreeMap::new(),
+                range_pages: BTreeMap::new(),
                 bytes_in_use: 0,
                 counters: SimCounters::default(),
                 fail_calls: Vec::new(),
                 fail_over: None,
-                calls: [0; 4],
+                calls: [0; SIM_CALLS],
                 armed: Default::default(),
+                armed_panics: Default::default(),
                 recorded: BTreeMap::new(),
                 completed: BTreeMap::new(),
             })),
@@ -199,6 +223,14 @@ impl SimDevice {
         let mut state = self.state.lock();
         let at = state.calls[call.index()] + n;
         state.armed[call.index()].push(at);
+    }
+
+    /// Makes the next call of kind `call` panic (with [`INJECTED_PANIC`]) before it changes
+    /// anything on the device, as a buggy device implementation would.
+    pub fn panic_next(&self, call: SimCall) {
+        let mut state = self.state.lock();
+        let at = state.calls[call.index()] + 1;
+        state.armed_panics[call.index()].push(at);
     }
 
     /// Failures armed by [`SimDevice::fail_next`] or [`SimDevice::fail_nth`] that are still
@@ -267,21 +299,37 @@ impl SimDevice {
 }
 
 impl SimState {
-    /// Counts a call of kind `call` and fails it if it was armed to fail.
+    /// Counts a call of kind `call`, panics if it was armed to panic, and fails it if it was
+    /// armed to fail.
     fn injected(&mut self, call: SimCall) -> Result<(), DeviceError> {
+        if self.fires(call) {
+            Err(DeviceError::Driver(format!(
+                "{INJECTED_FAILURE} of {call:?}"
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Counts a call of kind `call`, panics if it was armed to panic; whether it was armed to
+    /// fail (counted as an injected failure).
+    fn fires(&mut self, call: SimCall) -> bool {
         let i = call.index();
         self.calls[i] += 1;
         let current = self.calls[i];
+        let panics = &mut self.armed_panics[i];
+        if panics.contains(&current) {
+            panics.retain(|&at| at > current);
+            // parking_lot does not poison: the device's state stays usable after the unwind.
+            panic!("{INJECTED_PANIC} in {call:?}");
+        }
         let armed = &mut self.armed[i];
         let fires = armed.contains(&current);
         armed.retain(|&at| at > current);
-        if !fires {
-            return Ok(());
+        if fires {
+            self.counters.injected_failures += 1;
         }
-        self.counters.injected_failures += 1;
-        Err(DeviceError::Driver(format!(
-            "{INJECTED_FAILURE} of {call:?}"
-        )))
+        fires
     }
 }
 
@@ -295,6 +343,10 @@ impl DeviceMemory for SimDevice {
         _stream: StreamId,
     ) -> Result<DeviceSegment<u64>, DeviceError> {
         let mut state = self.state.lock();
+        if let Err(err) = state.injected(SimCall::Allocate) {
+            state.counters.failed_allocs += 1;
+            return Err(err);
+        }
         if let Some(max) = state.max_segment_size
             && size > max
         {
@@ -337,6 +389,7 @@ impl DeviceMemory for SimDevice {
     fn memory_info(&mut self) -> Result<MemoryInfo, DeviceError> {
         let mut state = self.state.lock();
         state.counters.memory_info_calls += 1;
+        state.injected(SimCall::MemoryInfo)?;
         Ok(MemoryInfo {
             free: state.capacity.saturating_sub(state.bytes_in_use),
             total: state.capacity,
@@ -426,6 +479,7 @@ impl DeviceMemory for SimDevice {
         }
         state.take_memory(size)?;
         state.range_mut(range)?.2.insert(offset, size);
+        state.range_pages.insert(range.address, page);
         Ok(())
     }
 
@@ -436,8 +490,22 @@ impl DeviceMemory for SimDevice {
         size: u64,
     ) -> Result<(), DeviceError> {
         let mut state = self.state.lock();
+        let page = state
+            .range_pages
+            .get(&range.address)
+            .copied()
+            .unwrap_or(PAGE);
+        let half_way = state.fires(SimCall::Unmap);
+        if half_way && size <= page {
+            return Err(DeviceError::Driver(format!(
+                "{INJECTED_FAILURE} of {:?}",
+                SimCall::Unmap
+            )));
+        }
         let mapped = &mut state.range_mut(range)?.2;
         // Unmapping may cover several mapped runs, and parts of them, as CUDA allows.
+        let requested = size;
+        let size = if half_way { page } else { size };
         let end = offset + size;
         let runs: Vec<(u64, u64)> = mapped
             .range(..end)
@@ -450,7 +518,8 @@ impl DeviceMemory for SimDevice {
             .sum();
         if covered != size {
             return Err(DeviceError::Driver(format!(
-                "unmap of {size} bytes at offset {offset} of range {:#x} covers unmapped pages",
+                "unmap of {requested} bytes at offset {offset} of range {:#x} covers unmapped \
+                 pages",
                 range.address
             )));
         }
@@ -465,6 +534,12 @@ impl DeviceMemory for SimDevice {
         }
         state.bytes_in_use -= size;
         state.counters.frees += 1;
+        if half_way {
+            return Err(DeviceError::PartialUnmap {
+                unmapped: size,
+                reason: format!("{INJECTED_FAILURE} of {:?}", SimCall::Unmap),
+            });
+        }
         Ok(())
     }
 
@@ -477,6 +552,7 @@ impl DeviceMemory for SimDevice {
             )));
         }
         state.ranges.remove(&range.address);
+        state.range_pages.remove(&range.address);
         state.counters.ranges_released += 1;
         Ok(())
     }

@@ -154,3 +154,20 @@ fn from_env_reads_the_variable() {
 }
 
 const CONF: &str = "BURN_CACHING_ALLOC_CONF";
+
+/// Issue 20 point 6: `history_capacity` accepted up to 2^32 entries (hundreds of GiB of ring);
+/// the most is 2^24 now, and the error says so.
+#[test]
+fn history_capacity_is_capped_at_2_to_the_24() {
+    use burn_caching_alloc::alloc::MAX_HISTORY_CAPACITY;
+    assert_eq!(MAX_HISTORY_CAPACITY, 1 << 24);
+    let most = AllocatorConfig::parse("history_capacity:16777216").unwrap();
+    assert_eq!(most.history_capacity, 1 << 24);
+    let err = AllocatorConfig::parse("history_capacity:16777217").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid value `16777217` for allocator config key `history_capacity`: expected a \
+         whole number from 1 to 16777216"
+    );
+    assert!(AllocatorConfig::parse("history_capacity:4294967296").is_err());
+}

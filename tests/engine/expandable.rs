@@ -220,3 +220,38 @@ fn garbage_collection_and_max_split_size_leave_expandable_pages_alone() {
     }
     check_invariants(&alloc, &device);
 }
+
+/// Issue 20 point 6: a `cuMemUnmap` failing half-way (the simulated device unmaps the first
+/// page of the three, then fails) used to leave the whole block listed as mapped over pages
+/// that were gone. The block is split where the unmap stopped: the first page is unmapped
+/// address space, the other two a free mapped block, and the next release unmaps them.
+#[test]
+fn an_unmap_failing_half_way_splits_the_block_where_it_stopped() {
+    use burn_caching_alloc::alloc::AllocError;
+    use burn_caching_alloc::device::DeviceError;
+    use burn_caching_alloc::device::sim::SimCall;
+
+    let (alloc, device) = allocator(1024 * MIB, ES);
+    let a = alloc.malloc(60 * MIB, S0).unwrap();
+    let base = a.address();
+    alloc.free(a).unwrap();
+    assert_eq!(device.mapped_runs(), vec![(base, 60 * MIB)]);
+    device.fail_next(SimCall::Unmap);
+    match alloc.empty_cache() {
+        Err(AllocError::Device(DeviceError::PartialUnmap { unmapped, .. })) => {
+            assert_eq!(unmapped, 20 * MIB)
+        }
+        other => panic!("expected a partial unmap, got {other:?}"),
+    }
+    assert_eq!(device.mapped_runs(), vec![(base + 20 * MIB, 40 * MIB)]);
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 40 * MIB);
+    check_invariants(&alloc, &device);
+    // What stays mapped serves a request again, and the next release unmaps it all.
+    let b = alloc.malloc(40 * MIB, S0).unwrap();
+    assert_eq!(b.address(), base + 20 * MIB);
+    alloc.free(b).unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(device.mapped_runs(), vec![]);
+    assert_eq!(device.bytes_in_use(), 0);
+    check_invariants(&alloc, &device);
+}

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod bad_input;
 mod config;
 mod drop;
 mod errors;
@@ -10,6 +11,7 @@ mod expandable;
 mod layout;
 mod miss_path;
 mod oom_report;
+mod panics;
 mod parity;
 mod props;
 mod props_expandable;

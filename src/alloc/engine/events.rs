@@ -79,6 +79,35 @@ impl<D: DeviceMemory> Engine<D> {
         Ok(())
     }
 
+    /// Waits for every pending event it can and completes those frees, for a drop: an event
+    /// that fails to record or to synchronise leaves its block pending (the stream it is for
+    /// may still read it) and its error is returned; every other pending free completes.
+    pub fn synchronize_what_can_be(&mut self) -> Vec<AllocError> {
+        self.stats.num_sync_all_streams += 1;
+        let mut failures = Vec::new();
+        for block in std::mem::take(&mut self.needs_events) {
+            // A failure puts the block back in `needs_events`.
+            if let Err(e) = self.insert_events(block) {
+                failures.push(e);
+            }
+        }
+        let mut unfinished = Vec::new();
+        while let Some(pending) = self.pending.pop() {
+            match self.device.synchronize_event(&pending.event) {
+                Ok(()) => {
+                    self.device.release_event(pending.event);
+                    self.event_done(pending.block);
+                }
+                Err(e) => {
+                    failures.push(e.into());
+                    unfinished.push(pending);
+                }
+            }
+        }
+        self.pending = unfinished;
+        failures
+    }
+
     /// Waits for every pending event and completes every pending free.
     /// Counted in `num_sync_all_streams` every time, pending events or not (PyTorch's
     /// `synchronize_and_free_events`).

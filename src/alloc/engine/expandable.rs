@@ -249,8 +249,22 @@ impl<D: DeviceMemory> Engine<D> {
         if begin >= end {
             return Ok(0);
         }
-        self.device
-            .unmap_range(&self.range_of(block), begin, end - begin)?;
+        // A failure part-way unmapped the pages up to some point: the block is split there, so
+        // that no block is listed as mapped over pages that are gone.
+        let (end, failure) =
+            match self
+                .device
+                .unmap_range(&self.range_of(block), begin, end - begin)
+            {
+                Ok(()) => (end, None),
+                Err(DeviceError::PartialUnmap { unmapped, reason })
+                    if unmapped > 0 && unmapped <= end - begin && unmapped.is_multiple_of(page) =>
+                {
+                    let err = DeviceError::PartialUnmap { unmapped, reason };
+                    (begin + unmapped, Some(err))
+                }
+                Err(e) => return Err(e.into()),
+            };
         self.unlist(block);
         if begin > offset {
             let before = self.split_free(block, offset, begin - offset, true);
@@ -283,7 +297,10 @@ impl<D: DeviceMemory> Engine<D> {
             size: len,
             stream: stream.0,
         });
-        Ok(len)
+        match failure {
+            Some(err) => Err(err.into()),
+            None => Ok(len),
+        }
     }
 
     /// A new free mapped block of `size` bytes at `offset`, just before `block` (`before`) or
@@ -311,8 +328,13 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// Unmaps the whole pages of every free block in the expandable segments of `pool`, then
-    /// gives back every range left with nothing mapped. Returns the bytes unmapped.
-    pub fn release_expandable(&mut self, pool: PoolKind) -> Result<u64, AllocError> {
+    /// gives back every range left with nothing mapped. Returns the bytes unmapped. A failure
+    /// goes to `failed`, which stops the release by returning it or lets it go on.
+    pub fn release_expandable(
+        &mut self,
+        pool: PoolKind,
+        failed: &mut dyn FnMut(AllocError) -> Result<(), AllocError>,
+    ) -> Result<u64, AllocError> {
         let free: Vec<BlockId> = self
             .free_list_ref(pool)
             .iter()
@@ -320,7 +342,10 @@ impl<D: DeviceMemory> Engine<D> {
             .collect();
         let mut released = 0;
         for block in free {
-            released += self.unmap_block(block)?;
+            match self.unmap_block(block) {
+                Ok(bytes) => released += bytes,
+                Err(e) => failed(e)?,
+            }
         }
         let empty: Vec<BlockId> = self
             .unmapped
@@ -331,7 +356,10 @@ impl<D: DeviceMemory> Engine<D> {
         for block in empty {
             let range = self.range_of(block);
             let key = self.unmapped_key(block);
-            self.device.release_range(range)?;
+            if let Err(e) = self.device.release_range(range) {
+                failed(e.into())?;
+                continue;
+            }
             self.unmapped.remove(&key);
             let segment = self.blocks.blocks.remove(block).segment;
             self.blocks.segments.remove(segment);

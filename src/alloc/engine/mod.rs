@@ -27,7 +27,7 @@ mod self_check;
 mod snapshot;
 
 use crate::alloc::block::{BlockId, BlockState, Blocks};
-use crate::alloc::config::AllocatorConfig;
+use crate::alloc::config::{AllocatorConfig, ConfigError};
 use crate::alloc::error::{AllocError, OomDiagnosis, OomNumbers};
 use crate::alloc::free_list::FreeList;
 use crate::alloc::history::{History, HistoryEntry, HistoryOptions};
@@ -104,6 +104,7 @@ impl<D: DeviceMemory> Engine<D> {
                 .map_or(-1, crate::alloc::stats::signed),
             ..MemoryStats::default()
         };
+        let fraction = config.memory_fraction;
         let vm_granularity = device.virtual_memory_granularity();
         if config.expandable_segments && vm_granularity.is_none() {
             log::warn!(
@@ -111,7 +112,7 @@ impl<D: DeviceMemory> Engine<D> {
                  the allocator uses ordinary segments"
             );
         }
-        Self {
+        let mut engine = Self {
             vm_granularity,
             max_segment: device.max_segment_size(),
             device,
@@ -131,7 +132,19 @@ impl<D: DeviceMemory> Engine<D> {
             rescued_by_flush: 0,
             next_allocation_id: 1,
             device_total: None,
+        };
+        // A configured fraction that cannot be enforced is not kept in force silently: without
+        // the device's total it is dropped (and `config()` shows it gone); one that allows no
+        // block stays, so that every request fails with an out-of-memory naming the limit.
+        if let Some(fraction) = fraction
+            && let Err(err) = engine.enforceable_fraction(fraction)
+        {
+            log::warn!("caching allocator: {err}");
+            if matches!(err, ConfigError::Unsupported { .. }) {
+                engine.config.memory_fraction = None;
+            }
         }
+        engine
     }
 
     /// The statistics.
@@ -149,9 +162,43 @@ impl<D: DeviceMemory> Engine<D> {
         &self.config
     }
 
-    /// Caps reserved memory at `fraction` of the device's total from now on.
-    pub(super) fn set_memory_fraction(&mut self, fraction: f64) {
+    /// Caps reserved memory at `fraction` of the device's total from now on, if the fraction
+    /// can be enforced (see [`Engine::enforceable_fraction`]); nothing changes otherwise.
+    pub(super) fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), ConfigError> {
+        self.enforceable_fraction(fraction)?;
         self.config.memory_fraction = Some(fraction);
+        Ok(())
+    }
+
+    /// Whether a memory fraction (already checked to be in (0, 1]) can be enforced on this
+    /// device: below 1 it needs the device's total memory, and it must allow at least one
+    /// block of the smallest size, or no request could ever succeed.
+    pub(super) fn enforceable_fraction(&mut self, fraction: f64) -> Result<(), ConfigError> {
+        const KEY: &str = "per_process_memory_fraction";
+        if fraction >= 1.0 {
+            return Ok(());
+        }
+        let Some(total) = self.device_total() else {
+            return Err(ConfigError::Unsupported {
+                key: KEY.into(),
+                reason: format!(
+                    "the device cannot report its total memory, so a fraction of it ({fraction}) \
+                     cannot be enforced"
+                ),
+            });
+        };
+        let limit = (fraction * total as f64) as u64;
+        if limit < MIN_BLOCK_SIZE {
+            return Err(ConfigError::InvalidValue {
+                key: KEY.into(),
+                value: fraction.to_string(),
+                expected: format!(
+                    "a fraction that allows at least one {MIN_BLOCK_SIZE}-byte block of the \
+                     device's {total} bytes (it allows {limit} bytes)"
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The trace recorded so far (empty when history is off).

@@ -136,15 +136,45 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// Completes every pending free (waiting on its events), then returns every whole free
-    /// segment of both pools to the device. Returns the bytes released.
+    /// segment of both pools to the device. Returns the bytes released; stops at the first
+    /// failure.
     pub fn release_cached_blocks(&mut self) -> Result<u64, AllocError> {
         self.synchronize_pending()?;
+        self.release_free_segments(&mut |e| Err(e))
+    }
+
+    /// What a dropped allocator does: completes every pending free it can, then returns every
+    /// whole free segment to the device, going on past failures. A block whose event could
+    /// not be recorded or waited for stays (its stream may still read it), and so does its
+    /// segment; a segment the device refused to take back stays too. Returns the bytes
+    /// released and every failure.
+    pub fn release_at_drop(&mut self) -> (u64, Vec<AllocError>) {
+        let mut failures = self.synchronize_what_can_be();
+        let released = self
+            .release_free_segments(&mut |e| {
+                failures.push(e);
+                Ok(())
+            })
+            .unwrap_or_default();
+        (released, failures)
+    }
+
+    /// Returns every whole free segment of both pools to the device, large pool first, and
+    /// unmaps the free pages of expandable segments. A failure goes to `failed`, which stops
+    /// the release by returning it or lets it go on by returning `Ok`.
+    fn release_free_segments(
+        &mut self,
+        failed: &mut dyn FnMut(AllocError) -> Result<(), AllocError>,
+    ) -> Result<u64, AllocError> {
         let mut released = 0;
         for pool in [PoolKind::Large, PoolKind::Small] {
             for block in self.whole_free_segments(pool) {
-                released += self.release_segment(block)?;
+                match self.release_segment(block) {
+                    Ok(bytes) => released += bytes,
+                    Err(e) => failed(e)?,
+                }
             }
-            released += self.release_expandable(pool)?;
+            released += self.release_expandable(pool, failed)?;
         }
         Ok(released)
     }
