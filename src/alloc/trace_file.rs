@@ -118,8 +118,11 @@ impl Trace {
             path: path.to_path_buf(),
             source,
         };
+        // Unique per process and write, so that two writes of one path do not share it.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let write = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut temporary = path.as_os_str().to_owned();
-        temporary.push(format!(".{}.partial", std::process::id()));
+        temporary.push(format!(".{}-{write}.partial", std::process::id()));
         let temporary = PathBuf::from(temporary);
         let written = self.write_whole(path, &temporary);
         let renamed = written.and_then(|()| std::fs::rename(&temporary, path).map_err(io));

@@ -189,8 +189,8 @@ pub fn set_per_process_memory_fraction<Dev: CachingDevice>(
 /// Why a trace could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    /// `BURN_CACHING_ALLOC_TRACE` is not set, so there is no path to write to.
-    #[error("{TRACE_ENV} is not set: there is no trace path")]
+    /// `BURN_CACHING_ALLOC_TRACE` is not set (or empty), so there is no path to write to.
+    #[error("{TRACE_ENV} is not set (or empty): there is no trace path")]
     NoPath,
     /// Writing the trace file failed.
     #[error("cannot write the trace: {0}")]
@@ -201,8 +201,7 @@ pub enum TraceError {
 /// that path. Setting the variable before the device opens turns history recording on; the
 /// trace is written only when this is called (the runtime never drops its servers).
 pub fn write_trace<Dev: CachingDevice>(device: &Dev) -> Result<PathBuf, TraceError> {
-    let path = std::env::var_os(TRACE_ENV).ok_or(TraceError::NoPath)?;
-    let path = PathBuf::from(path);
+    let path = crate::runtime::env::trace_path().ok_or(TraceError::NoPath)?;
     write_trace_to(device, &path)?;
     Ok(path)
 }

@@ -11,9 +11,12 @@
 //! stream's metadata scratch that the server fills ([`MetadataLayout::GridConstant`]); before
 //! sm_70, all of it in that scratch ([`MetadataLayout::DeviceBuffer`]). No launch allocates.
 //!
-//! Every launch and copy is counted on the stream table before it is issued, so the device
-//! memory synchronises before freeing segments only when work was issued since its last
-//! synchronisation (once per release batch).
+//! Every launch and copy is counted on the stream table once it is issued (failed or not), so
+//! the device memory synchronises before freeing segments only when work was issued since its
+//! last synchronisation (once per release batch). Counted before issuing, a release on another
+//! thread could read the count, synchronise, and then see the work issued after its sync as
+//! covered. Memory handed out through `get_resource` may be used by work the driver never
+//! sees: from then on every release synchronises ([`CudaStreams::note_foreign_work`]).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -35,7 +38,7 @@ use super::kernel::{self, CudaCppCompiler, CudaKernel};
 use super::memory::CudaMemory;
 use super::probe::open_context;
 use super::properties::{self, CudaDeviceSetup};
-use super::staging::{self, CopyBuffer, MAX_PINNED_TRANSFER, PendingWrites, StagingPool};
+use super::staging::{self, MAX_PINNED_TRANSFER, PendingWrites, RawStream, StagingPool, Unfenced};
 use super::streams::CudaStreams;
 use crate::device::StreamId;
 use crate::runtime::{Driver, DriverError, Launch, LaunchCount, MetadataLayout, Resource};
@@ -275,7 +278,6 @@ impl Driver for CudaDriver {
         launch: Launch<'_, Self>,
     ) -> Result<(), ServerError> {
         self.bind()?;
-        self.streams.note_work();
         let count = match &launch.count {
             LaunchCount::Static(x, y, z) => (*x, *y, *z),
             LaunchCount::Dynamic(resource) => {
@@ -311,6 +313,8 @@ impl Driver for CudaDriver {
                 &mut params,
             )
         };
+        // Counted once issued (see the module docs), failed or not.
+        self.streams.note_work();
         launched.map_err(|err| {
             generic(format!(
                 "CUDA: launching kernel `{}` with {count:?} cubes of {cube_dim:?} failed: {:?}",
@@ -329,21 +333,21 @@ impl Driver for CudaDriver {
         // The server checked that `data` is not empty and fits `dst`.
         self.bind()?;
         self.collect_writes()?;
-        self.streams.note_work();
         let dst_ptr = device_pointer(dst);
         if data.len() <= MAX_INLINE_WRITE || data.len() > MAX_PINNED_TRANSFER {
             // A pageable source is staged by the driver before the call returns, without
             // waiting for the device. Small writes (every launch's metadata) take this path:
             // no pinned buffer held per launch in flight, no event to record and poll.
             // SAFETY: `dst_ptr` addresses at least `data.len()` bytes of a live block.
-            return unsafe { result::memcpy_htod_async(dst_ptr, data, stream.raw) }
-                .map_err(|err| cuda_failure("cuMemcpyHtoDAsync", err));
+            let copied = unsafe { result::memcpy_htod_async(dst_ptr, data, stream.raw) };
+            self.streams.note_work();
+            return copied.map_err(|err| cuda_failure("cuMemcpyHtoDAsync", err));
         }
         let mut staged = self.staging.take(data.len())?;
         staged.bytes_mut().copy_from_slice(data);
         // SAFETY: the staged buffer holds `data.len()` pinned bytes and stays out of the pool
         // until the event after this copy completed; `dst_ptr` addresses enough bytes.
-        unsafe {
+        let copied = unsafe {
             sys::cuMemcpyHtoDAsync_v2(
                 dst_ptr,
                 staged.as_ptr() as *const c_void,
@@ -351,11 +355,14 @@ impl Driver for CudaDriver {
                 stream.raw,
             )
             .result()
-            .map_err(|err| cuda_failure("cuMemcpyHtoDAsync", err))?;
-            // Without an event, `in_flight` waits for the stream before the buffer goes back.
-            let in_flight = staging::in_flight(&self.events, stream.raw, vec![staged])?;
-            self.pending_writes.push(in_flight);
-        }
+        };
+        self.streams.note_work();
+        // A copy that failed to issue does not use the buffer: it goes back to the pool.
+        copied.map_err(|err| cuda_failure("cuMemcpyHtoDAsync", err))?;
+        // Without an event, `in_flight` waits for the stream before the buffer goes back.
+        // SAFETY: a live stream of this context.
+        let in_flight = unsafe { staging::in_flight(&self.events, stream.raw, vec![staged]) }?;
+        self.pending_writes.push(in_flight);
         Ok(())
     }
 
@@ -370,23 +377,28 @@ impl Driver for CudaDriver {
         }
         let issued = (|| {
             self.bind()?;
-            let mut parts = Vec::with_capacity(sources.len());
-            let mut staged = Vec::new();
+            // Every size is checked before any copy is issued, so that no check fails with
+            // copies already running.
             for (resource, bytes) in &sources {
-                let bytes = *bytes;
-                if bytes as u64 > resource.size {
+                if *bytes as u64 > resource.size {
                     return Err(generic(format!(
                         "read of {bytes} bytes from a buffer of {} bytes",
                         resource.size
                     )));
                 }
+            }
+            let mut parts = Vec::with_capacity(sources.len());
+            // Every exit below before the fence, error or not, goes through `staged`: its drop
+            // waits for the stream before buffers of issued copies go back to the pool.
+            let mut staged = Unfenced::new(RawStream(stream.raw));
+            for (resource, bytes) in &sources {
+                let bytes = *bytes;
                 if bytes == 0 {
                     parts.push(Part::Ready(Vec::new()));
                 } else {
                     // Pinned at every size: the copy runs asynchronously and the future, not
                     // the server's thread, waits for it. A large read gets a buffer of its
                     // size (see `staging::buffer_capacity`).
-                    self.streams.note_work();
                     let buffer = match self.staging.take(bytes) {
                         Ok(buffer) => buffer,
                         Err(err) if bytes > MAX_PINNED_TRANSFER => {
@@ -414,22 +426,14 @@ impl Driver for CudaDriver {
                         )
                         .result()
                     };
-                    // Keep the buffer in the in-flight set even on error: an issued copy may
-                    // still be running.
-                    parts.push(Part::Pinned(staged.len()));
-                    staged.push(buffer);
-                    if let Err(err) = copied {
-                        // SAFETY: a live stream; waiting makes the buffers safe to reuse. If
-                        // even that fails, a copy may still run into them: abandoned.
-                        if unsafe { result::stream::synchronize(stream.raw) }.is_err() {
-                            staged.drain(..).for_each(CopyBuffer::abandon);
-                        }
-                        return Err(cuda_failure("cuMemcpyDtoHAsync", err));
-                    }
+                    self.streams.note_work();
+                    // Kept with the others even on error: an issued copy may still be running.
+                    parts.push(Part::Pinned(staged.push(buffer)));
+                    copied.map_err(|err| cuda_failure("cuMemcpyDtoHAsync", err))?;
                 }
             }
             // SAFETY: a live stream of this context.
-            let in_flight = unsafe { staging::in_flight(&self.events, stream.raw, staged) }?;
+            let in_flight = unsafe { staged.fence(&self.events) }?;
             Ok((parts, in_flight))
         })();
 
@@ -451,6 +455,12 @@ impl Driver for CudaDriver {
     fn flush(&mut self, _stream: &mut CudaStream) -> Result<(), ServerError> {
         // CUDA submits work as it is issued.
         self.collect_writes()
+    }
+
+    fn expose(&mut self, _stream: &mut CudaStream, _resource: &Resource<Self>) {
+        // The caller may launch its own kernels on the pointer: every later free or unmap
+        // synchronises the context first.
+        self.streams.note_foreign_work();
     }
 
     fn sync(&mut self, stream: &mut CudaStream) -> DynFut<Result<(), ServerError>> {

@@ -291,6 +291,88 @@ impl<F: CopyFence, B: CopyBuffer> Drop for InFlight<F, B> {
     }
 }
 
+/// A stream that copies were issued on, as far as waiting for them goes.
+pub trait CopyStream {
+    /// Blocks until every copy issued on the stream so far has completed.
+    fn wait_idle(&self) -> Result<(), DeviceError>;
+}
+
+/// A raw CUDA stream, waited for with `cuStreamSynchronize`.
+#[derive(Clone, Copy, Debug)]
+pub struct RawStream(pub cudarc::driver::sys::CUstream);
+
+impl CopyStream for RawStream {
+    fn wait_idle(&self) -> Result<(), DeviceError> {
+        super::error::driver_call("cuStreamSynchronize", || {
+            // SAFETY: the driver wraps only live streams of its context, bound on this thread.
+            unsafe { result::stream::synchronize(self.0) }
+        })
+    }
+}
+
+/// The staging buffers of copies issued on a stream and not yet covered by a fence. Every
+/// exit of the code that issues them goes through this: [`Unfenced::fence`] hands them to
+/// an [`InFlight`] after the last copy; any other exit (an error part-way, a later copy that
+/// fails) drops it, which waits for the stream before the buffers go back to their pool, and
+/// abandons them if even that wait fails. So no buffer returns to the pool while a copy
+/// issued before may still write it.
+#[derive(Debug)]
+pub struct Unfenced<S: CopyStream = RawStream, B: CopyBuffer = Staged> {
+    stream: S,
+    staged: Vec<B>,
+}
+
+impl<S: CopyStream, B: CopyBuffer> Unfenced<S, B> {
+    /// No copies yet on `stream`.
+    pub fn new(stream: S) -> Self {
+        Self {
+            stream,
+            staged: Vec::new(),
+        }
+    }
+
+    /// Adds the buffer of a copy about to be issued (or issued); returns its index.
+    pub fn push(&mut self, buffer: B) -> usize {
+        self.staged.push(buffer);
+        self.staged.len() - 1
+    }
+
+    /// The buffers, for a fence recorded after their copies; nothing is waited for.
+    pub fn into_buffers(mut self) -> Vec<B> {
+        std::mem::take(&mut self.staged)
+    }
+}
+
+impl<S: CopyStream, B: CopyBuffer> Drop for Unfenced<S, B> {
+    fn drop(&mut self) {
+        if self.staged.is_empty() {
+            return;
+        }
+        if let Err(err) = self.stream.wait_idle() {
+            log::error!(
+                "caching allocator: copies into staging buffers could not be waited for \
+                 ({err}); their pinned buffers are abandoned"
+            );
+            for buffer in std::mem::take(&mut self.staged) {
+                buffer.abandon();
+            }
+        }
+    }
+}
+
+impl Unfenced {
+    /// Records the fence after the copies and hands their buffers to an [`InFlight`] (see
+    /// [`in_flight`] for a fence that cannot be recorded).
+    ///
+    /// # Safety
+    /// The stream must be a live stream of the pool's context.
+    pub unsafe fn fence(self, events: &Arc<EventPool>) -> Result<InFlight, DriverError> {
+        let stream = self.stream.0;
+        // SAFETY: forwarded from the caller.
+        unsafe { in_flight(events, stream, self.into_buffers()) }
+    }
+}
+
 /// Keeps the staging buffers of asynchronous writes until their copies completed.
 #[derive(Debug)]
 pub struct PendingWrites<F: CopyFence = PooledEvent, B: CopyBuffer = Staged> {
@@ -441,6 +523,42 @@ mod tests {
             .expect("waited");
         drop(buffers);
         assert_eq!(log.lock().last(), Some(&"returned"));
+    }
+
+    struct Stream(Result<(), DeviceError>);
+
+    impl CopyStream for Stream {
+        fn wait_idle(&self) -> Result<(), DeviceError> {
+            self.0.clone()
+        }
+    }
+
+    /// Issue 20 point 6: three error exits of the pinned read path dropped the buffers of
+    /// copies already issued straight back to the pool. Through `Unfenced`, an error exit
+    /// waits for the stream first, and abandons the buffers when that wait fails.
+    #[test]
+    fn an_error_exit_waits_for_the_stream_before_the_buffers_go_back() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut unfenced = Unfenced::new(Stream(Ok(())));
+        assert_eq!(unfenced.push(Buffer(log.clone())), 0);
+        assert_eq!(unfenced.push(Buffer(log.clone())), 1);
+        drop(unfenced);
+        assert_eq!(*log.lock(), vec!["returned", "returned"]);
+
+        log.lock().clear();
+        let mut unfenced = Unfenced::new(Stream(Err(failure())));
+        unfenced.push(Buffer(log.clone()));
+        drop(unfenced);
+        assert_eq!(*log.lock(), vec!["abandoned"]);
+
+        // Handed on to a fence: nothing is waited for or returned here.
+        log.lock().clear();
+        let mut unfenced = Unfenced::new(Stream(Err(failure())));
+        unfenced.push(Buffer(log.clone()));
+        let buffers = unfenced.into_buffers();
+        assert!(log.lock().is_empty());
+        drop(buffers);
+        assert_eq!(*log.lock(), vec!["returned"]);
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub struct CudaStreams {
     work: AtomicU64,
     /// Whether every operation on the device goes through a driver that counts it.
     counted: bool,
+    /// Whether memory was handed to code outside the driver (`get_resource`), whose work the
+    /// counter cannot see.
+    foreign: std::sync::atomic::AtomicBool,
 }
 
 impl CudaStreams {
@@ -53,6 +56,7 @@ impl CudaStreams {
             streams: Mutex::new(HashMap::new()),
             work: AtomicU64::new(0),
             counted,
+            foreign: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -75,15 +79,25 @@ impl CudaStreams {
         Ok(raw)
     }
 
-    /// Counts one operation about to be issued on the device; call before issuing it.
+    /// Counts one operation just issued on the device; call right after issuing it. (Counted
+    /// before, a release that read the count and synchronised in between would take the work
+    /// as covered by its synchronisation.)
     pub fn note_work(&self) {
         self.work.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Operations issued so far (see [`CudaStreams::note_work`]), or `None` when the table's
-    /// user does not count them.
+    /// Memory was handed to code outside the driver (CubeCL's `get_resource`), which may issue
+    /// work on it that is never counted: from now on every release synchronises.
+    pub fn note_foreign_work(&self) {
+        self.foreign.store(true, Ordering::SeqCst);
+    }
+
+    /// Operations issued so far (see [`CudaStreams::note_work`]), or `None` when they are not
+    /// all counted: the table's user does not count them, or memory was handed out through
+    /// `get_resource` ([`CudaStreams::note_foreign_work`]).
     pub fn work_issued(&self) -> Option<u64> {
-        self.counted.then(|| self.work.load(Ordering::SeqCst))
+        (self.counted && !self.foreign.load(Ordering::SeqCst))
+            .then(|| self.work.load(Ordering::SeqCst))
     }
 
     /// How many streams exist.
@@ -106,5 +120,34 @@ impl Drop for CudaStreams {
                 result::stream::destroy(stream.0)
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CudaStreams;
+
+    /// Issue 20 point 6: memory handed out through `get_resource` was never synchronised
+    /// before a free or an unmap, since the work counter could not see what the caller ran on
+    /// it. Once memory was handed out, the count is no longer trusted (`None`: every release
+    /// synchronises).
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn memory_handed_out_makes_every_later_release_synchronise() {
+        if let Err(reason) = crate::cuda::cuda_available() {
+            eprintln!("skipping: {reason}");
+            return;
+        }
+        let context = super::super::probe::open_context(0).expect("device 0 opens");
+        let streams = CudaStreams::counted(context.clone());
+        assert_eq!(streams.work_issued(), Some(0));
+        streams.note_work();
+        assert_eq!(streams.work_issued(), Some(1));
+        streams.note_foreign_work();
+        assert_eq!(streams.work_issued(), None);
+        streams.note_work();
+        assert_eq!(streams.work_issued(), None, "for good");
+        // A table whose user does not count work never trusts a count.
+        assert_eq!(CudaStreams::new(context).work_issued(), None);
     }
 }

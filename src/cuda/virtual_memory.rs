@@ -4,7 +4,8 @@
 //! `cuMemAddressFree`.
 //!
 //! Each page gets a physical allocation of its own (PyTorch's `ExpandableSegment` does the
-//! same): CUDA cannot unmap part of one mapping, and the engine gives back single pages.
+//! same): CUDA cannot unmap part of one mapping, and the engine gives back single pages. Access
+//! is set once per mapped run, as PyTorch's `setAccess` does, not once per page.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -130,7 +131,10 @@ impl VirtualRanges {
     }
 
     /// Maps `size` bytes at `offset` of the range at `base`, one physical allocation per
-    /// `page` bytes; out of memory (nothing left mapped) when a page cannot be created.
+    /// `page` bytes, then makes the whole run readable and writable with one `cuMemSetAccess`
+    /// (PyTorch's `ExpandableSegment::map` then `setAccess` over the range). Out of memory
+    /// from any of the three calls enters the engine's miss path (it frees cache and
+    /// retries); on any failure nothing this call mapped stays mapped.
     pub(crate) fn map(
         &mut self,
         base: sys::CUdeviceptr,
@@ -155,18 +159,18 @@ impl VirtualRanges {
                 // SAFETY: `ptr..ptr + page` lies in a range this object reserved and is not
                 // mapped (the engine maps only unmapped pages).
                 let code = unsafe { sys::cuMemMap(ptr, page as usize, 0, handle, 0) };
-                if let Err(err) = check("cuMemMap", code, None) {
+                if let Err(err) = check("cuMemMap", code, Some(size)) {
                     // SAFETY: the handle was created above and is mapped nowhere.
                     unsafe { sys::cuMemRelease(handle) };
                     return Err(err);
                 }
                 mapped.push((at, Page { handle, size: page }));
-                // SAFETY: the page was just mapped; `access` is valid for the call.
-                let code = unsafe { sys::cuMemSetAccess(ptr, page as usize, &access, 1) };
-                check("cuMemSetAccess", code, None)?;
                 at += page;
             }
-            Ok(())
+            // SAFETY: `[offset, offset + size)` of the range was just mapped; `access` is
+            // valid for the call.
+            let code = unsafe { sys::cuMemSetAccess(base + offset, size as usize, &access, 1) };
+            check("cuMemSetAccess", code, Some(size))
         });
         match result {
             Ok(()) => {
@@ -187,8 +191,11 @@ impl VirtualRanges {
         }
     }
 
-    /// Unmaps and releases the pages in `[offset, offset + size)` of the range at `base`. The
-    /// caller has made sure the device no longer uses them.
+    /// Unmaps and releases the pages in `[offset, offset + size)` of the range at `base`, in
+    /// address order. The caller has made sure the device no longer uses them. A failure after
+    /// the first page is [`DeviceError::PartialUnmap`] with the bytes unmapped before it, so
+    /// the engine can split its block there. A page unmapped whose physical handle could not
+    /// be released counts as unmapped (its handle is leaked, and said so).
     pub(crate) fn unmap(
         &mut self,
         base: sys::CUdeviceptr,
@@ -204,15 +211,27 @@ impl VirtualRanges {
             .range(offset..offset + size)
             .map(|(at, p)| (*at, *p))
             .collect();
+        let partial = |at: u64, err: DeviceError| match err {
+            DeviceError::Driver(reason) if at > offset => DeviceError::PartialUnmap {
+                unmapped: at - offset,
+                reason,
+            },
+            other => other,
+        };
         for (at, p) in inside {
             driver_call("cuMemUnmap", || {
                 // SAFETY: the page is mapped here and idle.
                 unsafe { sys::cuMemUnmap(base + at, p.size as usize) }.result()
-            })?;
+            })
+            .map_err(|err| partial(at, err))?;
             pages.remove(&at);
             driver_call("cuMemRelease", || {
                 // SAFETY: the handle's only mapping was just removed.
                 unsafe { sys::cuMemRelease(p.handle) }.result()
+            })
+            .map_err(|err| {
+                log::error!("caching allocator: a page's physical memory is leaked: {err}");
+                partial(at + p.size, err)
             })?;
         }
         Ok(())

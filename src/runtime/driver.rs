@@ -162,6 +162,14 @@ pub trait Driver: Send + Sized + 'static {
     /// Submits the work issued on `stream` so far.
     fn flush(&mut self, stream: &mut Self::Stream) -> Result<(), ServerError>;
 
+    /// `resource` is handed to code outside the server (`ComputeServer::get_resource`), which
+    /// may issue work on it that the driver never sees. Nothing by default; a driver whose
+    /// device memory skips a synchronisation before freeing when it saw no work (CUDA) must
+    /// stop trusting that.
+    fn expose(&mut self, stream: &mut Self::Stream, resource: &Resource<Self>) {
+        let _ = (stream, resource);
+    }
+
     /// A future that completes when all the work issued on `stream` has completed.
     fn sync(&mut self, stream: &mut Self::Stream) -> DynFut<Result<(), ServerError>>;
 

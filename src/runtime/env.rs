@@ -4,7 +4,8 @@
 //!   `PYTORCH_CUDA_ALLOC_CONF` keys), for every device opened;
 //! - `BURN_CACHING_ALLOC_TRACE=path`: records the engine's history (and hands every freed CubeCL
 //!   slice back to the engine before the next reservation, so the trace holds every tensor);
-//!   `backend::write_trace` writes it to `path`;
+//!   `backend::write_trace` writes it to `path`. Set but empty, it names no file: a warning,
+//!   and the slow diagnostic mode stays off;
 //! - `BURN_CACHING_ALLOC_OOM_SNAPSHOT=path`: writes a PyTorch-format snapshot to `path` at
 //!   the device's first out-of-memory (with the history and stacks when they are recorded).
 
@@ -24,6 +25,25 @@ pub(crate) fn oom_snapshot_path() -> Option<std::path::PathBuf> {
         .map(Into::into)
 }
 
+/// The path `BURN_CACHING_ALLOC_TRACE` names, if set and not empty (see the module docs).
+pub(crate) fn trace_path() -> Option<std::path::PathBuf> {
+    trace_path_from(std::env::var_os(TRACE_ENV))
+}
+
+/// [`trace_path`] for the variable's value `value`; an empty one is warned about.
+fn trace_path_from(value: Option<std::ffi::OsString>) -> Option<std::path::PathBuf> {
+    match value {
+        Some(value) if value.is_empty() => {
+            log::warn!(
+                "caching allocator: {TRACE_ENV} is set but empty, which names no file: history \
+                 is not recorded (set it to a path to record a trace)"
+            );
+            None
+        }
+        value => value.map(Into::into),
+    }
+}
+
 /// The engine configuration every device starts with: `BURN_CACHING_ALLOC_CONF`, with history
 /// recording on when `BURN_CACHING_ALLOC_TRACE` is set.
 pub(crate) fn config_from_env() -> Result<AllocatorConfig, DriverError> {
@@ -31,8 +51,25 @@ pub(crate) fn config_from_env() -> Result<AllocatorConfig, DriverError> {
         var: CONFIG_ENV,
         source,
     })?;
-    if std::env::var_os(TRACE_ENV).is_some() {
+    if trace_path().is_some() {
         config.record_history = true;
     }
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trace_path_from;
+
+    /// Issue 20 point 6: `BURN_CACHING_ALLOC_TRACE=""` switched the slow diagnostic mode on
+    /// (every reservation reclaims) for a trace that could never be written.
+    #[test]
+    fn an_empty_trace_variable_names_no_path() {
+        assert_eq!(trace_path_from(Some("".into())), None);
+        assert_eq!(trace_path_from(None), None);
+        assert_eq!(
+            trace_path_from(Some("run.json.gz".into())),
+            Some("run.json.gz".into())
+        );
+    }
 }

@@ -200,6 +200,30 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
     fn flush(&mut self) {}
 }
 
+/// Dropping the storage (its stream memory, its server) frees every block it still holds in
+/// the engine: CubeCL's slices, live or free, die with it, and their blocks go back to the
+/// engine's cache (and from there to the device at `empty_cache` or when the engine is
+/// dropped). A block the engine refuses is logged.
+impl<D: DeviceMemory> Drop for EngineStorage<D> {
+    fn drop(&mut self) {
+        let mut refused = 0usize;
+        let mut last = None;
+        for (_, block) in self.blocks.drain() {
+            if let Err(err) = self.allocator.free(block) {
+                refused += 1;
+                last = Some(err);
+            }
+        }
+        self.live_bytes = 0;
+        if let Some(err) = last {
+            log::error!(
+                "EngineStorage of {}: the engine refused {refused} block(s) at drop (last: {err})",
+                self.stream
+            );
+        }
+    }
+}
+
 /// The error a `ComputeStorage::alloc` of `size` bytes reports to CubeCL: `BufferTooBig` when
 /// no device could hold it, otherwise the failure described.
 fn storage_error(size: u64, too_large: bool, failure: impl core::fmt::Display) -> IoError {

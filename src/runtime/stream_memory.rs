@@ -329,8 +329,9 @@ impl<D: DeviceMemory> StreamMemory<D> {
         if self.seen_sizes.len() >= MAX_SEEN_SIZES {
             self.seen_sizes.clear();
         }
-        self.seen_sizes
-            .insert(size.div_ceil(self.alignment) * self.alignment)
+        // Checked: a size near `u64::MAX` is refused later by the engine, never wrapped here.
+        let padded = size.checked_next_multiple_of(self.alignment);
+        self.seen_sizes.insert(padded.unwrap_or(u64::MAX))
     }
 
     /// Whether a walk could find a free slice: the last one released some, or CubeCL has

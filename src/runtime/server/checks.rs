@@ -1,6 +1,8 @@
 //! The checks that do not depend on the device API, done once here for every backend, with one
 //! rule: tensor layouts the server copies, buffer sizes a kernel can bind, copies that stay
-//! inside their buffer, and launches that have nothing to run.
+//! inside their buffer, and launches that have nothing to run. Sizes from CubeCL are
+//! multiplied with checked arithmetic: a shape whose size overflows is an error naming it,
+//! never a wrapped size that a short copy would then pass.
 
 use cubecl_common::backtrace::BackTrace;
 use cubecl_core::zspace::{Shape, Strides};
@@ -12,26 +14,46 @@ use crate::runtime::storage::EngineResource;
 /// Bytes of a dynamic cube count: three `u32`, x, y, z.
 pub(super) const DYNAMIC_COUNT_BYTES: u64 = 12;
 
-/// Whether a tensor is laid out row-major without gaps: the only layout the server copies.
+/// Whether a tensor is laid out row-major without gaps: the only layout the server copies. A
+/// shape whose element count overflows is no layout at all (false).
 pub(crate) fn is_contiguous(shape: &Shape, strides: &Strides) -> bool {
     let mut expected = 1usize;
     for (dim, stride) in shape.iter().zip(strides.iter()).rev() {
         if *dim > 1 && *stride != expected {
             return false;
         }
-        expected *= *dim;
+        let Some(next) = expected.checked_mul(*dim) else {
+            return false;
+        };
+        expected = next;
     }
     true
 }
 
-/// A copy's layout must be contiguous.
-pub(super) fn contiguous(shape: &Shape, strides: &Strides) -> Result<(), IoError> {
+/// The bytes of a tensor of `shape` with `elem_size`-byte elements; an error naming both if
+/// that overflows.
+pub(super) fn tensor_bytes(shape: &Shape, elem_size: usize) -> Result<usize, ServerError> {
+    shape
+        .iter()
+        .try_fold(elem_size, |bytes, dim| bytes.checked_mul(*dim))
+        .ok_or_else(|| {
+            generic(format!(
+                "caching allocator: a copy of a tensor of shape {:?} with {elem_size}-byte \
+                 elements: its size in bytes overflows",
+                shape.iter().collect::<Vec<_>>()
+            ))
+        })
+}
+
+/// A copy's layout must be contiguous, and its size must not overflow.
+pub(super) fn contiguous(shape: &Shape, strides: &Strides) -> Result<(), ServerError> {
+    tensor_bytes(shape, 1)?;
     if is_contiguous(shape, strides) {
         Ok(())
     } else {
-        Err(IoError::UnsupportedStrides {
+        Err(ServerError::Io(IoError::UnsupportedStrides {
             backtrace: BackTrace::capture(),
-        })
+        }))
     }
 }
 
@@ -94,4 +116,34 @@ pub(super) fn no_tensor_maps(count: usize) -> Result<(), ServerError> {
         ),
         backtrace: BackTrace::capture(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 20 point 6: `read` multiplied the shape unchecked; in release a wrapped size
+    /// (here 2^62 x 8 x 4 bytes = 2^67, which wraps to 0) let a short read pass the bounds
+    /// check and return success. Now it is an error naming the shape.
+    #[test]
+    fn a_tensor_size_that_overflows_is_an_error_naming_the_shape() {
+        let shape: Shape = [1usize << 62, 8].into();
+        let err = tensor_bytes(&shape, 4).expect_err("overflows");
+        let message = err.to_string();
+        assert!(message.contains(&format!("{}", 1usize << 62)), "{message}");
+        assert!(message.contains("overflows"), "{message}");
+        let strides: Strides = [8, 1].into();
+        assert!(!is_contiguous(&shape, &strides));
+        let err = contiguous(&shape, &strides).expect_err("overflows");
+        assert!(err.to_string().contains("overflows"), "{err}");
+    }
+
+    #[test]
+    fn tensor_sizes_that_fit_are_exact() {
+        let shape: Shape = [3usize, 5, 7].into();
+        assert_eq!(tensor_bytes(&shape, 4).unwrap(), 420);
+        let empty: Shape = [0usize, usize::MAX].into();
+        assert_eq!(tensor_bytes(&empty, 8).unwrap(), 0);
+        assert!(contiguous(&shape, &[35, 7, 1].into()).is_ok());
+    }
 }

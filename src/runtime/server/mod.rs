@@ -321,9 +321,12 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         let mut uses = Vec::with_capacity(descriptors.len());
         for desc in descriptors {
             if let Err(err) = checks::contiguous(&desc.shape, &desc.strides) {
-                return ready(Err(err.into()));
+                return ready(Err(err));
             }
-            let bytes = desc.shape.iter().product::<usize>() * desc.elem_size;
+            let bytes = match checks::tensor_bytes(&desc.shape, desc.elem_size) {
+                Ok(bytes) => bytes,
+                Err(err) => return ready(Err(err)),
+            };
             match self.resolve_use(desc.handle) {
                 Ok((resource, used)) => {
                     sources.push((resource, bytes));
@@ -367,6 +370,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         note_rewrites(&mut self.streams, stream_id, &[used]);
         self.advance(stream_id);
         let (driver, driver_stream) = self.split(stream_id);
+        driver.expose(driver_stream, &resource);
         driver.flush(driver_stream)?;
         Ok(ManagedResource::new(memory, resource))
     }
