@@ -10,7 +10,7 @@ use burn_caching_alloc::device::sim::{SimCall, SimDevice};
 
 use crate::common::*;
 
-/// Warnings logged in this process (the engine test binary has no other logger).
+/// Warnings and errors logged in this process (the engine test binary has no other logger).
 static WARNINGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 struct Capture;
@@ -29,7 +29,8 @@ impl log::Log for Capture {
     fn flush(&self) {}
 }
 
-fn capture_warnings() {
+/// Installs the capturing logger (once per process); [`warned`] then searches what it kept.
+pub fn capture_warnings() {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         log::set_logger(&Capture).expect("no other logger in the engine tests");
@@ -37,7 +38,8 @@ fn capture_warnings() {
     });
 }
 
-fn warned(about: &str) -> bool {
+/// Whether a warning or an error containing `about` was logged since the logger was installed.
+pub fn warned(about: &str) -> bool {
     WARNINGS.lock().unwrap().iter().any(|w| w.contains(about))
 }
 

@@ -50,6 +50,7 @@ fn drop_of_an_idle_allocator_returns_everything() {
 /// freed any cached segment. Now only the block waiting on that event keeps its segment.
 #[test]
 fn a_failed_event_sync_at_drop_keeps_only_the_waiting_blocks_segment() {
+    crate::bad_input::capture_warnings();
     let device = SimDevice::new(1 << 34);
     let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
     // A 64 MiB block used on stream 1: its free waits on an event recorded there.
@@ -75,6 +76,11 @@ fn a_failed_event_sync_at_drop_keeps_only_the_waiting_blocks_segment() {
         vec![(shared_segment, 64 * MIB)],
         "the two idle segments went back; the one stream 1 may still read stays"
     );
+    // The failure is reported, with the driver's message.
+    assert!(crate::bad_input::warned(
+        "returning cached segments on drop: device driver error: injected failure of \
+         SynchronizeEvent"
+    ));
 }
 
 /// Issue 20 point 5: a segment the device refuses to take back does not stop the others.
