@@ -119,8 +119,9 @@ fn observers_may_use_the_memory_api_and_a_failed_tensor_is_one_out_of_memory() {
     );
 
     // No tensor was lost, and the server goes on after the panicking observer.
-    let sum = live.clone().sum().into_data().to_vec::<f32>().expect("f32");
-    assert_eq!(sum, vec![(6 * MIB) as f32]);
+    let values = live.clone().into_data().to_vec::<f32>().expect("f32");
+    let wrong = values.iter().filter(|value| **value != 1.0).count();
+    assert_eq!(wrong, 0, "the live tensor's values changed");
     let a = Tensor::<B, 1>::from_data(TensorData::new(vec![1.0f32, 2.0, 3.0], [3]), &device);
     let head = live.clone().narrow(0, 0, 3);
     assert_eq!(
