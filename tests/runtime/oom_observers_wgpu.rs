@@ -133,5 +133,9 @@ fn observers_may_use_the_memory_api_and_a_failed_tensor_is_one_out_of_memory() {
     backend::set_per_process_memory_fraction(&device, 1.0).expect("valid fraction");
     drop(live);
     backend::empty_cache(&device);
-    assert_eq!(backend::memory_stats(&device).memory_reserved(), 0);
+    // What this test reserved went back (tests before it may have left fused work queued).
+    assert!(
+        backend::memory_stats(&device).memory_reserved() <= before.memory_reserved(),
+        "the test's memory stayed reserved"
+    );
 }
