@@ -459,6 +459,10 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
     }
 
     fn memory_usage(&mut self, _stream_id: CubeStreamId) -> Result<MemoryUsage, ServerError> {
+        // Buffers other streams have finished with are no longer in use.
+        if let Err(err) = release_completed(&mut self.driver, &mut self.uses) {
+            log::error!("caching allocator: polling cross-stream uses failed: {err}");
+        }
         // PyTorch's meanings, device-wide: in use = bytes of live tensors (all streams),
         // reserved = the engine's segments.
         let layer = self.cubecl_layer();

@@ -68,11 +68,21 @@ pub(super) fn reserve<D: Driver>(
 /// The error a failed reservation reaches CubeCL with: the engine's own message for a request
 /// that can never fit, and for an out-of-memory the engine's numbers with CubeCL's layer.
 fn reserve_error<D: Driver>(streams: &Streams<D>, size: u64, failure: ReserveError) -> ServerError {
-    if let Some(err @ AllocError::TooLarge { .. }) = &failure.engine {
-        return ServerError::Generic {
-            reason: format!("caching allocator: {err}"),
-            backtrace: BackTrace::capture(),
-        };
+    match &failure.engine {
+        Some(err @ AllocError::TooLarge { .. }) => {
+            return ServerError::Generic {
+                reason: format!("caching allocator: {err}"),
+                backtrace: BackTrace::capture(),
+            };
+        }
+        // Not a lack of memory (a device error): said as it is.
+        Some(err) if !err.is_out_of_memory() => {
+            return ServerError::Generic {
+                reason: format!("caching allocator: reserving {size} bytes failed: {err}"),
+                backtrace: BackTrace::capture(),
+            };
+        }
+        _ => {}
     }
     // What CubeCL's layer holds on top of the engine's numbers: its slices are engine blocks.
     let mut layer = CubeclLayerUsage::default();
