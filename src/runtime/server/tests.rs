@@ -47,6 +47,8 @@ struct Seen {
     completed: HashSet<u64>,
     /// `synchronize_event` calls (the host waited for an event).
     event_syncs: usize,
+    /// Recording an event on this stream fails.
+    failing_records: Option<StreamId>,
     /// Device contents written so far, by (segment, offset).
     memory: HashMap<(u64, u64), Vec<u8>>,
 }
@@ -215,6 +217,12 @@ impl Driver for Recording {
 
     fn record_event(&mut self, stream: &mut StreamId) -> Result<u64, ServerError> {
         let mut seen = self.seen.lock();
+        if seen.failing_records == Some(*stream) {
+            return Err(ServerError::Generic {
+                reason: "injected: cannot record an event".into(),
+                backtrace: cubecl_common::backtrace::BackTrace::capture(),
+            });
+        }
         seen.events_recorded += 1;
         seen.event_streams.push(*stream);
         Ok(seen.event_streams.len() as u64 - 1)
@@ -748,4 +756,52 @@ fn a_request_that_can_never_fit_is_a_clear_error_at_once() {
     assert!(observed.lock()[0].contains("larger than the largest segment"));
     assert!(snapshot.exists());
     std::fs::remove_file(&snapshot).expect("removed");
+}
+
+#[test]
+fn a_use_whose_event_cannot_be_recorded_holds_its_buffer_until_the_stream_is_synced() {
+    // PyTorch's `insert_events` raises when an event cannot be recorded and leaves the block
+    // alone: never freed early.
+    let mut h = harness(MetadataLayout::DriverBinding, 8);
+    let batch = h.buffer(4096, stream(1));
+    let first = h.location(&batch);
+    h.seen.lock().failing_records = Some(StreamId(2));
+    let args = KernelArguments {
+        buffers: vec![batch.clone().binding()],
+        info: MetadataBindingInfo::new(Vec::new(), 0),
+        tensor_maps: Vec::new(),
+    };
+    // SAFETY: the recording driver runs nothing.
+    unsafe {
+        h.server.launch(
+            Box::new(NoKernel),
+            CubeCount::Static(1, 1, 1),
+            args,
+            ExecutionMode::Checked,
+            stream(2),
+        )
+    };
+    let err = h
+        .server
+        .flush(stream(2))
+        .expect_err("the failed record is reported");
+    assert!(err.to_string().contains("cannot record an event"), "{err}");
+    assert_eq!(
+        h.seen.lock().launches.len(),
+        1,
+        "the launch itself was issued"
+    );
+    assert_eq!(h.server.pending_uses(), (0, 1), "held without an event");
+    drop(batch);
+    let next = h.buffer(4096, stream(1));
+    assert_ne!(
+        h.location(&next),
+        first,
+        "reused although its use was never proven done"
+    );
+    // `empty_cache` synchronises the stream itself, then lets the buffer go.
+    drop(next);
+    h.server.memory_cleanup(stream(1));
+    assert_eq!(h.server.pending_uses(), (0, 0));
+    assert_eq!(h.server.allocator().stats().allocated_bytes.all.current, 0);
 }
