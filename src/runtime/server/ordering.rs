@@ -30,7 +30,8 @@
 //! another stream's buffer, the server records one event on the consumer's stream and keeps a
 //! clone of each such binding until that event has completed. While the clone lives, the slice
 //! is not free: neither CubeCL nor the engine can hand it out. The events are polled (no
-//! blocking, oldest first per stream, as they complete in order) before each reservation;
+//! blocking, oldest first per stream, as they complete in order) before each reservation and
+//! each `memory_usage`;
 //! `empty_cache` and the out-of-memory path wait for all of them. A use on the buffer's own
 //! stream records nothing: stream order already protects it.
 
