@@ -12,6 +12,7 @@ use super::engine::{Engine, Growth};
 use super::error::AllocError;
 use super::history::{HistoryOptions, StackContext};
 use super::inspect::{self, InspectError, ViewerLayer};
+use super::observers::{ObserverReport, ObserverThread, Observers, OomObserver};
 use super::snapshot::Snapshot;
 use super::stack::Stack;
 use super::stats::MemoryStats;
@@ -85,7 +86,7 @@ pub struct CachingAllocator<D: DeviceMemory> {
     /// The recording's stack context (0: no stacks, then `State`, `Alloc`, `All`), read
     /// before locking so that a stack is captured outside the lock.
     stack_context: AtomicU8,
-    oom_observers: Mutex<Vec<OomObserver>>,
+    oom_observers: Observers,
     oom_snapshot: Mutex<Option<PathBuf>>,
     /// The device ordinal PyTorch-format snapshots name (`device`, `device_traces` index).
     device_index: AtomicU32,
@@ -130,10 +131,6 @@ impl<D: DeviceMemory> core::ops::DerefMut for Changing<'_, D> {
     }
 }
 
-/// A callback run when a request fails with out-of-memory (see
-/// [`CachingAllocator::on_out_of_memory`]).
-pub type OomObserver = Arc<dyn Fn(&AllocError) + Send + Sync>;
-
 fn context_level(options: &HistoryOptions) -> u8 {
     if !options.captures_stacks() {
         return 0;
@@ -153,7 +150,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
             engine: Mutex::new(Engine::new(device, config)),
             stack_context: AtomicU8::new(0),
-            oom_observers: Mutex::new(Vec::new()),
+            oom_observers: Observers::default(),
             oom_snapshot: Mutex::new(None),
             device_index: AtomicU32::new(0),
             poisoned: OnceLock::new(),
@@ -197,10 +194,30 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 Err(e) => log::error!("caching allocator: out-of-memory snapshot: {e}"),
             }
         }
-        let observers: Vec<OomObserver> = self.oom_observers.lock().clone();
-        for observer in observers {
-            observer(err);
+        self.oom_observers.notify(err);
+    }
+
+    /// Serves a request with `growth`; a request that failed for good (out of memory, or one
+    /// that can never fit) is reported to the observers and the first-OOM snapshot.
+    fn malloc_with(
+        &self,
+        size: u64,
+        stream: StreamId,
+        growth: Growth,
+    ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
+        let stack = self.capture_stack(1);
+        let result = self.change("malloc").and_then(|mut engine| {
+            engine.set_request_stack(stack);
+            let block = engine.malloc(size, stream, growth);
+            engine.set_request_stack(None);
+            block.map(|b| b.map(|b| self.allocation(&engine, b)))
+        });
+        if let Err(err) = &result
+            && err.is_out_of_memory()
+        {
+            self.out_of_memory(err);
         }
+        result
     }
 
     fn allocation(&self, engine: &Engine<D>, block: BlockId) -> Allocation<D::Handle> {
@@ -219,37 +236,37 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     /// Allocates `size` bytes for `stream`, growing reserved memory if no cached block fits.
+    ///
+    /// A request that fails for good (out of memory after the cache was freed and the
+    /// allocation retried, or [`AllocError::TooLarge`]) is counted once in `num_ooms` and
+    /// reported once to the observers and the first-OOM snapshot.
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation<D::Handle>, AllocError> {
-        let stack = self.capture_stack(1);
-        let result = self.change("malloc").and_then(|mut engine| {
-            engine.set_request_stack(stack);
-            let block = engine.malloc(size, stream, Growth::Allowed);
-            engine.set_request_stack(None);
-            block.map(|b| {
-                let b = b.expect("growth allowed always yields a block or an error");
-                self.allocation(&engine, b)
-            })
-        });
-        if let Err(err) = &result
-            && err.is_out_of_memory()
-        {
-            self.out_of_memory(err);
-        }
-        result
+        self.malloc_with(size, stream, Growth::Allowed)
+            .map(|block| block.expect("growth allowed always yields a block or an error"))
     }
 
-    /// Allocates from cached blocks only: `Ok(None)` where `malloc` would grow.
+    /// Allocates from cached blocks only: `Ok(None)` where `malloc` would grow. A request
+    /// that can never fit is [`AllocError::TooLarge`] here too (counted and observed).
     pub fn malloc_cached(
         &self,
         size: u64,
         stream: StreamId,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
-        let stack = self.capture_stack(1);
-        let mut engine = self.change("malloc")?;
-        engine.set_request_stack(stack);
-        let block = engine.malloc(size, stream, Growth::CacheOnly);
-        engine.set_request_stack(None);
-        Ok(block?.map(|b| self.allocation(&engine, b)))
+        self.malloc_with(size, stream, Growth::CacheOnly)
+    }
+
+    /// Allocates by every means short of flushing the cache: a cached block, new device
+    /// memory, the release of oversize cached blocks. `Ok(None)` where only the flush could
+    /// help, with nothing counted or observed: for a caller with caches of its own above the
+    /// allocator, which gives those back and then calls [`malloc`](Self::malloc), whose
+    /// failure is then the request's one out-of-memory (PyTorch's order: every cache is
+    /// released before `num_ooms` counts).
+    pub fn malloc_before_flush(
+        &self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
+        self.malloc_with(size, stream, Growth::BeforeFlush)
     }
 
     /// Whether a cached block would serve this request without new device memory.
@@ -410,10 +427,28 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         )
     }
 
-    /// Runs `observer` with the error every time a request fails with out-of-memory (after
-    /// the allocator's lock is released, so it may read statistics or dump a snapshot).
+    /// Runs `observer` with the error once every time a request fails for good with
+    /// out-of-memory ([`AllocError::is_out_of_memory`]: after every cache was given back and
+    /// the allocation retried, or a request that can never fit), outside the allocator's
+    /// lock, where [`set_observer_thread`](Self::set_observer_thread) says. An observer that
+    /// panics is caught and logged; the request's error stands.
     pub fn on_out_of_memory(&self, observer: impl Fn(&AllocError) + Send + Sync + 'static) {
-        self.oom_observers.lock().push(Arc::new(observer));
+        let observer: OomObserver = Arc::new(observer);
+        self.oom_observers.push(observer);
+    }
+
+    /// Where the out-of-memory observers run from now on: on the failing request's thread
+    /// (the default) or on a thread of the allocator's own. The CubeCL servers choose
+    /// [`ObserverThread::Own`], so that an observer may call the backend's memory API.
+    pub fn set_observer_thread(&self, thread: ObserverThread) {
+        self.oom_observers.set_thread(thread);
+    }
+
+    /// Waits until the observers ran for every out-of-memory reported so far (returns at
+    /// once when they run on the caller's thread, or when called from an observer), and says
+    /// what they did.
+    pub fn wait_for_oom_observers(&self) -> ObserverReport {
+        self.oom_observers.wait()
     }
 
     /// Writes a snapshot ([`dump_snapshot`](Self::dump_snapshot)) to `path` at the next

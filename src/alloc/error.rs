@@ -183,8 +183,14 @@ impl AllocError {
         }
     }
 
-    /// Whether this is [`AllocError::OutOfMemory`].
+    /// Whether this is an out-of-memory: [`AllocError::OutOfMemory`], or
+    /// [`AllocError::TooLarge`], a request no device memory could ever hold. PyTorch learns the
+    /// latter only when `cudaMalloc` fails and treats it as any out-of-memory (`num_ooms`, the
+    /// observers, the OOM snapshot); so does this allocator, which only knows it earlier.
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, AllocError::OutOfMemory { .. })
+        matches!(
+            self,
+            AllocError::OutOfMemory { .. } | AllocError::TooLarge { .. }
+        )
     }
 }

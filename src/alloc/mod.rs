@@ -31,6 +31,7 @@ mod error;
 mod free_list;
 mod history;
 pub mod inspect;
+mod observers;
 mod size;
 mod snapshot;
 mod stack;
@@ -40,13 +41,14 @@ mod trace;
 mod trace_file;
 mod units;
 
-pub use allocator::{Allocation, CachingAllocator, OomObserver};
+pub use allocator::{Allocation, CachingAllocator};
 pub use block::BlockState;
 #[cfg(feature = "runtime")]
 pub(crate) use config::CONFIG_ENV;
 pub use config::{AllocatorConfig, ConfigError, MAX_HISTORY_CAPACITY, RoundupDivisions};
 pub use error::{AllocError, OomAdvice, OomDiagnosis};
 pub use history::{HistoryEntry, HistoryOptions, RecordMode, StackContext, TraceAction};
+pub use observers::{ObserverReport, ObserverThread, OomObserver};
 pub use size::{PoolKind, round_size, segment_size};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
 pub use stack::{Frame, Stack, StackResolver};

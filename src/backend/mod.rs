@@ -254,9 +254,11 @@ pub fn dump_html<Dev: CachingDevice>(
     entry.allocator.dump_html_with_layers(path, &layers)
 }
 
-/// Runs `observer` with the error every time one of `device`'s allocations fails with
-/// out-of-memory (before CubeCL reclaims its free slices and retries, so it may run more than
-/// once per failed tensor).
+/// Runs `observer` with the error once every time one of `device`'s allocations fails for
+/// good with out-of-memory (after every stream's CubeCL slices were reclaimed and the engine
+/// flushed its cache and retried; or a request that can never fit). It runs on a thread of
+/// the allocator's own, not inside the server's task, so it may call [`memory_stats`],
+/// [`empty_cache`] or dump a snapshot; a panicking observer is caught and logged.
 pub fn on_out_of_memory<Dev: CachingDevice>(
     device: &Dev,
     observer: impl Fn(&AllocError) + Send + Sync + 'static,

@@ -488,6 +488,16 @@ impl Driver for CudaDriver {
         // SAFETY: a live stream of this context.
         unsafe { event.wait_on(stream.raw) }.map_err(|err| DriverError::from(err).into())
     }
+
+    fn query_event(&mut self, event: &PooledEvent) -> Result<bool, ServerError> {
+        event.query().map_err(|err| DriverError::from(err).into())
+    }
+
+    fn synchronize_event(&mut self, event: &PooledEvent) -> Result<(), ServerError> {
+        event
+            .synchronize()
+            .map_err(|err| DriverError::from(err).into())
+    }
 }
 
 #[cfg(test)]

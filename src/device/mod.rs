@@ -9,7 +9,10 @@ pub mod sim;
 use serde::{Deserialize, Serialize};
 
 /// A stream of work on a device. Blocks are cached per stream: a block freed on one stream is
-/// only reused on that stream, unless `record_stream` said otherwise and the event completed.
+/// only reused on that stream, and a block `record_stream` marked as used on other streams only
+/// once an event recorded on each of them at free time has completed. Under the runtimes the
+/// server applies the same rule one layer up: a buffer another stream used is held until that
+/// stream's event completed, so it reaches neither CubeCL's cache nor the engine's early.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]

@@ -9,8 +9,11 @@
 //! Ordering contract the server relies on (and a driver must keep):
 //! - work on one driver stream runs in the order it was issued (launches, writes, reads);
 //! - a `write` is ordered after every launch issued before it on the same stream;
-//! - memory is never reused across streams by the server without `wait_event` (the engine keeps
-//!   per-stream pools; cross-stream reuse goes through the engine's `record_stream`).
+//! - an event recorded on a stream completes only after the work issued there before it, and
+//!   [`Driver::query_event`] / [`Driver::synchronize_event`] tell that on the host: the server
+//!   hands a buffer that another stream used to new work only once an event recorded on that
+//!   stream after the use has completed (PyTorch's `recordStream` rule, see the server's
+//!   `ordering` module); memory is otherwise cached per stream slot.
 
 use cubecl_common::bytes::Bytes;
 use cubecl_common::device::DeviceId;
@@ -182,4 +185,13 @@ pub trait Driver: Send + Sized + 'static {
         stream: &mut Self::Stream,
         event: Self::Event,
     ) -> Result<(), ServerError>;
+
+    /// Whether the work issued before `event` has completed, without blocking (CUDA's
+    /// `cuEventQuery`). The server polls the events of cross-stream uses with it.
+    fn query_event(&mut self, event: &Self::Event) -> Result<bool, ServerError>;
+
+    /// Blocks until the work issued before `event` has completed (CUDA's
+    /// `cuEventSynchronize`): `empty_cache` and the out-of-memory path wait for cross-stream
+    /// uses with it before they give memory back.
+    fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), ServerError>;
 }

@@ -11,9 +11,10 @@
 //! - `get(handle)` is the block's segment handle plus the block's offset (plus the offset the
 //!   handle adds inside the slice).
 //!
-//! The storage can be told to serve from the engine's cache only ([`Growth::CacheOnly`]): then
-//! an `alloc` that would make the engine grow is refused, and the refusal is remembered so that
-//! the caller (the reclaim policy) can first hand CubeCL's free slices back to the engine.
+//! The storage can be told to serve from the engine's cache only ([`Growth::CacheOnly`]), or
+//! from anything short of the engine's cache flush ([`Growth::BeforeFlush`]): then an `alloc`
+//! beyond that is refused, and the refusal is remembered so that the caller (the reclaim
+//! policy, the server's out-of-memory path) can first hand CubeCL's free slices back.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,6 +49,10 @@ pub enum Growth {
     Allowed,
     /// Only a cached engine block may serve; otherwise the request is refused.
     CacheOnly,
+    /// The engine's path short of flushing its cache (cache, new device memory, release of
+    /// oversize blocks); a request only the flush could serve is refused, and nothing is
+    /// counted as an out-of-memory yet.
+    BeforeFlush,
 }
 
 /// The caching engine as a CubeCL `ComputeStorage`, for one stream.
@@ -155,6 +160,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
         let result = match self.growth {
             Growth::Allowed => self.allocator.malloc(request, self.stream).map(Some),
             Growth::CacheOnly => self.allocator.malloc_cached(request, self.stream),
+            Growth::BeforeFlush => self.allocator.malloc_before_flush(request, self.stream),
         };
         match result {
             Ok(Some(block)) => {

@@ -20,8 +20,13 @@
 //!    2 MiB segments, where a late placement costs little;
 //! 2. to CubeCL's exact-size reuse, else the engine's cache only ([`Growth::CacheOnly`]);
 //! 3. when the engine would grow, to a **growth reclaim**, then to the engine with growth
-//!    allowed; on a real failure (the engine's own out-of-memory path already ran) to an
-//!    unconditional reclaim and one retry.
+//!    allowed short of flushing its cache ([`Growth::BeforeFlush`]: new device memory, the
+//!    release of oversize blocks);
+//! 4. only when nothing but the engine's cache flush could help: an unconditional reclaim
+//!    (the server reclaims every stream here) and one last reservation through the engine's
+//!    full path, whose flush and retry come after every layer above gave back its cache, and
+//!    whose failure is the one out-of-memory the user sees (`num_ooms` once, observers once),
+//!    as PyTorch counts one per failed request.
 //!
 //! Walks are paid from a budget of slice-visits: every reservation earns
 //! [`CREDIT_PER_RESERVE`], every placement candidate [`NEW_SIZE_CREDIT`] more, and a walk
@@ -139,7 +144,8 @@ pub struct ReclaimCounters {
     pub growth_reclaims: u64,
     /// Would-grow misses that grew without a reclaim.
     pub skipped_reclaims: u64,
-    /// Unconditional reclaims run after an allocation failure.
+    /// Unconditional reclaims run because a reservation (of this stream or another) found
+    /// nothing short of the engine's cache flush.
     pub oom_reclaims: u64,
     /// Slice-visits spent by all reclaims (the work the budget bounds).
     pub reclaim_work: u64,
@@ -242,17 +248,34 @@ impl<D: DeviceMemory> StreamMemory<D> {
         self.manager.memory_usage()
     }
 
-    /// Reserves `size` bytes: for a new large size, when the budget covers it, a placement
-    /// reclaim first; then CubeCL's exact-size reuse, else a cached engine block, else a growth
-    /// reclaim when the budget or the signs allow it and an engine allocation that may grow;
-    /// on failure an unconditional reclaim and one retry. Under
-    /// [`ReclaimPolicy::EveryReserve`]: a reclaim, then the engine allocation.
+    /// Reserves `size` bytes, this stream alone: [`reserve_before_flush`](Self::reserve_before_flush),
+    /// and when only the engine's cache flush could help, a reclaim and
+    /// [`reserve_last_resort`](Self::reserve_last_resort). The server does the same across
+    /// every stream.
     pub fn reserve(&mut self, size: u64) -> Result<ManagedMemoryHandle, ReserveError> {
+        if let Some(handle) = self.reserve_before_flush(size)? {
+            return Ok(handle);
+        }
+        self.reclaim_for_oom();
+        self.reserve_last_resort(size)
+    }
+
+    /// Reserves `size` bytes by every means short of flushing the engine's cache: for a new
+    /// large size, when the budget covers it, a placement reclaim first; then CubeCL's
+    /// exact-size reuse, else a cached engine block, else a growth reclaim when the budget or
+    /// the signs allow it and new device memory. `Ok(None)` when nothing but the flush could
+    /// help: nothing was counted as an out-of-memory yet. Under [`ReclaimPolicy::EveryReserve`]:
+    /// a reclaim, then the engine. A request that can never fit is an error here
+    /// ([`AllocError::TooLarge`] in [`ReserveError::engine`]).
+    pub fn reserve_before_flush(
+        &mut self,
+        size: u64,
+    ) -> Result<Option<ManagedMemoryHandle>, ReserveError> {
         self.counters.reserves += 1;
         if self.policy == ReclaimPolicy::EveryReserve {
             self.counters.reclaims += 1;
             self.reclaim();
-            return self.reserve_growing(size);
+            return self.reserve_up_to_flush(size);
         }
         self.budget.earn(CREDIT_PER_RESERVE);
 
@@ -279,7 +302,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
                     self.counters.pool_hits += 1;
                     self.reuse_seen = true;
                 }
-                return Ok(handle);
+                return Ok(Some(handle));
             }
             Err(Some(err)) => return Err(err),
             Err(None) => {}
@@ -299,7 +322,20 @@ impl<D: DeviceMemory> StreamMemory<D> {
         } else {
             self.counters.skipped_reclaims += 1;
         }
-        self.reserve_growing(size)
+        self.reserve_up_to_flush(size)
+    }
+
+    /// The engine with growth allowed short of its cache flush: `Ok(None)` when only the
+    /// flush could help.
+    fn reserve_up_to_flush(
+        &mut self,
+        size: u64,
+    ) -> Result<Option<ManagedMemoryHandle>, ReserveError> {
+        match self.reserve_limited(size, Growth::BeforeFlush) {
+            Ok(handle) => Ok(Some(handle)),
+            Err(None) => Ok(None),
+            Err(Some(err)) => Err(err),
+        }
     }
 
     /// Reserves with the storage limited to `growth`: `Err(None)` when the limit refused the
@@ -346,28 +382,22 @@ impl<D: DeviceMemory> StreamMemory<D> {
         (self.manager.storage().blocks() as u64).max(1)
     }
 
-    /// Reserves with engine growth allowed; on failure reclaims everything and retries once.
-    fn reserve_growing(&mut self, size: u64) -> Result<ManagedMemoryHandle, ReserveError> {
-        match self.manager.reserve(size) {
-            Ok(handle) => Ok(handle),
-            Err(_) => {
-                self.manager.storage().take_error();
-                self.counters.oom_reclaims += 1;
-                self.reclaim();
-                self.manager.reserve(size).map_err(|io| ReserveError {
-                    io,
-                    engine: self.manager.storage().take_error(),
-                })
-            }
-        }
-    }
-
-    /// Retries a reservation after other streams reclaimed (no further reclaim here).
-    pub fn retry_reserve(&mut self, size: u64) -> Result<ManagedMemoryHandle, ReserveError> {
+    /// The last reservation, after every layer above the engine gave back what it caches: the
+    /// engine's full path (its cache flush and retry), whose failure is the request's one
+    /// out-of-memory (counted, observed and snapshotted by the engine once).
+    pub fn reserve_last_resort(&mut self, size: u64) -> Result<ManagedMemoryHandle, ReserveError> {
+        self.manager.storage().set_growth(Growth::Allowed);
         self.manager.reserve(size).map_err(|io| ReserveError {
             io,
             engine: self.manager.storage().take_error(),
         })
+    }
+
+    /// An unconditional reclaim because a reservation found nothing short of the engine's
+    /// cache flush (counted in [`ReclaimCounters::oom_reclaims`]).
+    pub fn reclaim_for_oom(&mut self) {
+        self.counters.oom_reclaims += 1;
+        self.reclaim();
     }
 
     /// Whether the engine's reserved memory grew by more than 1/[`GROWTH_STEP`] since this

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use burn_caching_alloc::alloc::{AllocError, OomAdvice};
+use burn_caching_alloc::alloc::{AllocError, ObserverThread, OomAdvice};
 
 use crate::common::{MIB, S0, S1, allocator};
 
@@ -126,5 +126,110 @@ fn observers_run_at_every_out_of_memory_and_the_snapshot_is_written_at_the_first
     // Other errors are not out-of-memory: no observer runs.
     alloc.malloc(0, S0).expect_err("zero bytes");
     assert_eq!(seen.load(Ordering::SeqCst), 2);
+    alloc.free(live).expect("live");
+}
+
+#[test]
+fn a_request_that_can_never_fit_is_an_out_of_memory_for_the_observers() {
+    // PyTorch learns that a request exceeds the device only when `cudaMalloc` fails, and
+    // handles it as any out-of-memory: `num_ooms`, the observers (`OutOfMemoryError`).
+    let (alloc, _device) = allocator(64 * MIB, "");
+    let seen = Arc::new(AtomicU64::new(0));
+    let counter = seen.clone();
+    alloc.on_out_of_memory(move |err| {
+        assert!(matches!(err, AllocError::TooLarge { .. }), "{err}");
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let err = alloc.malloc(100 * MIB, S0).expect_err("beyond the device");
+    assert!(err.is_out_of_memory());
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    // The cache-only path knows it too, and says so once.
+    let err = alloc
+        .malloc_cached(100 * MIB, S0)
+        .expect_err("beyond the device");
+    assert!(err.is_out_of_memory());
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    assert_eq!(alloc.stats().num_ooms, 2);
+}
+
+#[test]
+fn a_request_short_of_the_flush_counts_nothing_and_the_full_path_counts_once() {
+    let (alloc, _device) = allocator(64 * MIB, "");
+    let seen = Arc::new(AtomicU64::new(0));
+    let counter = seen.clone();
+    alloc.on_out_of_memory(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let live = alloc.malloc(40 * MIB, S0).expect("fits");
+    let cached = alloc.malloc(20 * MIB, S1).expect("fits");
+    alloc.free(cached).expect("live");
+    // 20 MiB on stream 0: the device has 4 MiB left, stream 1's cache holds 20 MiB. Short of
+    // the flush: no block, nothing counted, nothing observed, the cache untouched.
+    assert!(
+        alloc
+            .malloc_before_flush(20 * MIB, S0)
+            .expect("no error")
+            .is_none()
+    );
+    let stats = alloc.stats();
+    assert_eq!((stats.num_ooms, stats.num_alloc_retries), (0, 0));
+    assert_eq!(stats.memory_reserved(), 60 * MIB);
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+    // The full path flushes and is served.
+    let served = alloc.malloc(20 * MIB, S0).expect("after the flush");
+    let stats = alloc.stats();
+    assert_eq!((stats.num_ooms, stats.num_alloc_retries), (0, 1));
+    // What even the full path cannot serve is one out-of-memory.
+    alloc.malloc(20 * MIB, S0).expect_err("4 MiB left");
+    assert_eq!(alloc.stats().num_ooms, 1);
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    alloc.free(served).expect("live");
+    alloc.free(live).expect("live");
+}
+
+#[test]
+fn observers_on_their_own_thread_may_call_the_allocator_and_a_panic_is_reported() {
+    let (alloc, _device) = allocator(64 * MIB, "");
+    let alloc = Arc::new(alloc);
+    alloc.set_observer_thread(ObserverThread::Own);
+    let caller = std::thread::current().id();
+    let (sender, received) = std::sync::mpsc::channel();
+    let weak = Arc::downgrade(&alloc);
+    alloc.on_out_of_memory(|_| panic!("an observer that panics"));
+    alloc.on_out_of_memory(move |err| {
+        let alloc = weak.upgrade().expect("the allocator is alive");
+        // Another thread than the failing request's, where the allocator's API is free to
+        // use: statistics of after the failure, `empty_cache`.
+        let stats = alloc.stats();
+        let released = alloc.empty_cache().expect("empty_cache");
+        // Waiting for the observers from an observer does not wait for itself.
+        alloc.wait_for_oom_observers();
+        sender
+            .send((
+                std::thread::current().id(),
+                err.to_string(),
+                stats.num_ooms,
+                released,
+            ))
+            .expect("the test waits");
+    });
+    let live = alloc.malloc(40 * MIB, S0).expect("fits");
+    let cached = alloc.malloc(20 * MIB, S1).expect("fits");
+    alloc.free(cached).expect("live");
+    let err = alloc
+        .malloc(30 * MIB, S0)
+        .expect_err("30 beside 40 in 64 MiB");
+    let report = alloc.wait_for_oom_observers();
+    assert_eq!((report.failures, report.ran, report.panicked), (1, 1, 1));
+    let (thread, message, num_ooms, released) = received.recv().expect("the observer ran");
+    assert_ne!(thread, caller, "observers run on the allocator's thread");
+    assert_eq!(message, err.to_string());
+    assert_eq!(num_ooms, 1, "the numbers of after the failure");
+    // The failure already flushed the cache: nothing was left to release.
+    assert_eq!(released, 0);
+    // The allocator goes on after the panic.
+    let fits = alloc.malloc(20 * MIB, S0).expect("20 beside 40 fits");
+    alloc.check_invariants().expect("consistent");
+    alloc.free(fits).expect("live");
     alloc.free(live).expect("live");
 }

@@ -3,9 +3,11 @@
 //! - `faults`: dropped stream memory and a poisoned engine at the runtime layer;
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
-//! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `expandable_wgpu`, `history_wgpu`, `trace_wgpu`
+//! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `oom_observers_wgpu`, `expandable_wgpu`, `history_wgpu`,
+//!   `trace_wgpu`
 //!   (feature `wgpu`): Burn on `CachingWgpu`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
-//! - `burn_mlp_cuda`, `cuda_faults`, `cuda_launches`, `cuda_memory` (feature `cuda`): Burn on `CachingCuda`
+//! - `burn_mlp_cuda`, `cross_stream_cuda`, `cuda_faults`, `cuda_launches`, `cuda_memory`
+//!   (feature `cuda`): Burn on `CachingCuda`
 //!   and `CudaMemory` on a real CUDA device; ignored by default ("needs a CUDA device"), each
 //!   prints why it skips when run without one (`--include-ignored`).
 //!
@@ -33,10 +35,14 @@ mod expandable_wgpu;
 #[cfg(feature = "wgpu")]
 mod history_wgpu;
 #[cfg(feature = "wgpu")]
+mod oom_observers_wgpu;
+#[cfg(feature = "wgpu")]
 mod trace_wgpu;
 
 #[cfg(feature = "cuda")]
 mod burn_mlp_cuda;
+#[cfg(feature = "cuda")]
+mod cross_stream_cuda;
 #[cfg(feature = "cuda")]
 mod cuda_faults;
 #[cfg(feature = "cuda")]

@@ -87,8 +87,14 @@ pub(super) struct BlockInfo<H> {
 /// Whether a miss may allocate new device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Growth {
+    /// The whole miss path, to an out-of-memory error.
     Allowed,
+    /// A cached block only; a miss is `Ok(None)`.
     CacheOnly,
+    /// The miss path up to step 5; where step 6 (the cache flush) would be next, `Ok(None)`,
+    /// with nothing counted: a caller with caches of its own above the engine gives them back
+    /// first and then asks again with [`Growth::Allowed`].
+    BeforeFlush,
 }
 
 impl<D: DeviceMemory> Engine<D> {
@@ -351,7 +357,8 @@ impl<D: DeviceMemory> Engine<D> {
         (rounded, PoolKind::for_size(rounded))
     }
 
-    /// Serves a request; `Ok(None)` only with [`Growth::CacheOnly`] on a miss.
+    /// Serves a request; `Ok(None)` only on a miss with [`Growth::CacheOnly`], or with
+    /// [`Growth::BeforeFlush`] where only the cache flush could help.
     pub fn malloc(
         &mut self,
         size: u64,
@@ -388,22 +395,26 @@ impl<D: DeviceMemory> Engine<D> {
             return Ok(None);
         }
 
-        match self.grow(new_segment, pool, stream, rounded) {
+        let flush = growth == Growth::Allowed;
+        match self.grow(new_segment, pool, stream, rounded, flush) {
             Ok(Some(block)) => Ok(Some(self.allocate_block(block, rounded, size))),
+            Ok(None) if !flush => Ok(None),
             Ok(None) => Err(self.out_of_memory(size, stream)),
             Err(AllocError::TooLarge { max, .. }) => Err(self.too_large(size, max, stream)),
             Err(e) => Err(e),
         }
     }
 
-    /// Steps 3 to 6 of the miss path: a new segment of `new_segment` bytes for a block of
-    /// `rounded` bytes, freeing cache as needed; `None` when even that fails.
+    /// Steps 3 to 6 of the miss path (to 5 without `flush`): a new segment of `new_segment`
+    /// bytes for a block of `rounded` bytes, freeing cache as needed; `None` when even that
+    /// fails.
     fn grow(
         &mut self,
         new_segment: u64,
         pool: PoolKind,
         stream: StreamId,
         rounded: u64,
+        flush: bool,
     ) -> Result<Option<BlockId>, AllocError> {
         if self.gc_enabled() {
             self.collect_garbage()?;
@@ -412,7 +423,7 @@ impl<D: DeviceMemory> Engine<D> {
         if block.is_none() && self.release_oversize_blocks(pool, stream, rounded)? {
             block = self.new_memory(new_segment, pool, stream, rounded)?;
         }
-        if block.is_none() {
+        if block.is_none() && flush {
             self.release_cached_blocks()?;
             self.stats.num_alloc_retries += 1;
             block = self.new_memory(new_segment, pool, stream, rounded)?;

@@ -17,6 +17,7 @@
 use cubecl_runtime::server::{Handle, ServerError};
 
 use super::super::driver::{Driver, MetadataLayout, Resource};
+use super::ordering::PendingUses;
 use super::reserve;
 use super::streams::{MetadataScratch, Streams};
 use cubecl_common::stream_id::StreamId as CubeStreamId;
@@ -65,6 +66,7 @@ pub(super) fn scratch_capacity(bytes: u64) -> u64 {
 pub(super) fn upload<D: Driver>(
     driver: &mut D,
     streams: &mut Streams<D>,
+    pending: &mut PendingUses<D::Event>,
     max_binding_size: Option<u64>,
     stream_id: CubeStreamId,
     values: &[u64],
@@ -84,7 +86,14 @@ pub(super) fn upload<D: Driver>(
         // in stream order.
         streams.get(driver, stream_id).metadata = None;
         let capacity = scratch_capacity(len);
-        let reserved = reserve::reserve(driver, streams, max_binding_size, capacity, stream_id)?;
+        let reserved = reserve::reserve(
+            driver,
+            streams,
+            pending,
+            max_binding_size,
+            capacity,
+            stream_id,
+        )?;
         let stream = streams.get(driver, stream_id);
         stream.cursor += 1;
         let handle = Handle::new(stream_id, capacity);

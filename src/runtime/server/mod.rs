@@ -7,7 +7,9 @@
 //!   engine), the driver's stream state and the errors waiting to be reported;
 //! - `reserve`: a new tensor's slice, with the out-of-memory path across streams;
 //! - `ordering`: cross-stream waits before a stream uses another stream's buffer, only when
-//!   the buffer is newer than the two streams' last sync;
+//!   the buffer is newer than the two streams' last sync; and the other way, another stream's
+//!   buffer held after a use until an event recorded after it completed (PyTorch's
+//!   `recordStream`), so that no layer hands its memory to new work too early;
 //! - `metadata`: kernel scalars and metadata as the driver takes them, uploaded into a
 //!   per-stream scratch without a device allocation per launch;
 //! - `checks`: what does not depend on the device API (layouts, sizes, empty launches), once
@@ -57,10 +59,13 @@ use super::driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 use super::env::{config_from_env, oom_snapshot_path};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
-use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError};
+use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, ObserverThread};
 use crate::device::DeviceMemory;
 use kernels::KernelCache;
-use ordering::{BufferUse, note_rewrites, order_after};
+use ordering::{
+    BufferUse, PendingUses, hold_until_done, note_rewrites, order_after, release_completed,
+    synchronize_uses,
+};
 use streams::Streams;
 
 /// A CubeCL compute server over driver `D`, allocating through the caching engine.
@@ -74,6 +79,8 @@ pub struct CachingServer<D: Driver> {
     max_binding_size: Option<u64>,
     metadata_layout: MetadataLayout,
     streams: Streams<D>,
+    /// Other streams' buffers used on a stream, held until the use completed.
+    uses: PendingUses<D::Event>,
     kernels: KernelCache<D>,
     profiler: TimestampProfiler,
     cubecl_usage: Arc<Mutex<CubeclLayerUsage>>,
@@ -101,6 +108,9 @@ impl<D: Driver> CachingServer<D> {
         let allocator = Arc::new(CachingAllocator::new(driver.memory(), config));
         allocator.set_device_index(u32::from(device.index_id));
         allocator.dump_snapshot_on_oom(oom_snapshot_path());
+        // Requests run inside the server's task: observers run where they may call back into
+        // the server (statistics, `empty_cache`) like any other thread.
+        allocator.set_observer_thread(ObserverThread::Own);
         let cubecl_usage = Arc::new(Mutex::new(CubeclLayerUsage::default()));
         registry::register(
             device,
@@ -117,6 +127,7 @@ impl<D: Driver> CachingServer<D> {
             max_binding_size: driver.max_binding_size(),
             metadata_layout: driver.metadata_layout(),
             streams: Streams::new(allocator.clone(), memory_properties, max_streams),
+            uses: PendingUses::default(),
             driver,
             device,
             allocator,
@@ -205,9 +216,17 @@ impl<D: Driver> CachingServer<D> {
         )
     }
 
-    /// Resolves a binding and tells which stream produced it, and when.
-    fn resolve_use(&mut self, binding: Binding) -> Result<(Resource<D>, BufferUse), IoError> {
+    /// Resolves a binding that work on `consumer` uses and tells which stream produced it, and
+    /// when; for a buffer of another stream slot, also a clone of the binding, to hold until
+    /// the use has completed ([`PendingUses`]).
+    fn resolve_use(
+        &mut self,
+        binding: Binding,
+        consumer: CubeStreamId,
+    ) -> Result<(Resource<D>, BufferUse, Option<ManagedMemoryBinding>), IoError> {
         let stream = binding.stream;
+        let foreign = (self.streams.slot(stream) != self.streams.slot(consumer))
+            .then(|| binding.memory.clone());
         let cursor = self
             .streams
             .get(&mut self.driver, stream)
@@ -215,7 +234,29 @@ impl<D: Driver> CachingServer<D> {
             .manager()
             .get_cursor(binding.memory.clone())?;
         let resource = self.resolve_binding(binding)?;
-        Ok((resource, BufferUse { stream, cursor }))
+        Ok((resource, BufferUse { stream, cursor }, foreign))
+    }
+
+    /// Work on `consumer` that used the foreign buffers `foreign` was issued: holds them until
+    /// an event recorded now on `consumer` has completed.
+    fn hold_until_done(
+        &mut self,
+        consumer: CubeStreamId,
+        foreign: Vec<ManagedMemoryBinding>,
+    ) -> Result<(), ServerError> {
+        hold_until_done(
+            &mut self.driver,
+            &mut self.streams,
+            &mut self.uses,
+            consumer,
+            foreign,
+        )
+    }
+
+    /// How many events of cross-stream uses are pending, and how many buffers they hold.
+    #[cfg(test)]
+    fn pending_uses(&self) -> (usize, usize) {
+        (self.uses.events(), self.uses.held())
     }
 
     /// Sums CubeCL's view over all streams and refreshes the registry's copy.
@@ -280,9 +321,14 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         size: u64,
         stream_id: CubeStreamId,
     ) {
+        // Memory other streams finished using may be handed out again now.
+        if let Err(err) = release_completed(&mut self.driver, &mut self.uses) {
+            log::error!("caching allocator: polling cross-stream uses failed: {err}");
+        }
         let reserved = reserve::reserve(
             &mut self.driver,
             &mut self.streams,
+            &mut self.uses,
             self.max_binding_size,
             size,
             stream_id,
@@ -319,6 +365,10 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         }
         let mut sources = Vec::with_capacity(descriptors.len());
         let mut uses = Vec::with_capacity(descriptors.len());
+        let mut foreign = Vec::new();
+        // The sources stay alive until their copies completed (as stock cubecl-cuda keeps
+        // them): the future holds their bindings, so no layer hands their memory out before.
+        let mut keep = Vec::with_capacity(descriptors.len());
         for desc in descriptors {
             if let Err(err) = checks::contiguous(&desc.shape, &desc.strides) {
                 return ready(Err(err));
@@ -327,10 +377,12 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
                 Ok(bytes) => bytes,
                 Err(err) => return ready(Err(err)),
             };
-            match self.resolve_use(desc.handle) {
-                Ok((resource, used)) => {
+            keep.push(desc.handle.memory.clone());
+            match self.resolve_use(desc.handle, stream_id) {
+                Ok((resource, used, other)) => {
                     sources.push((resource, bytes));
                     uses.push(used);
+                    foreign.extend(other);
                 }
                 Err(err) => return ready(Err(err.into())),
             }
@@ -339,7 +391,17 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
             return ready(Err(err));
         }
         let (driver, driver_stream) = self.split(stream_id);
-        driver.read(driver_stream, sources)
+        let copied = driver.read(driver_stream, sources);
+        // Another stream's buffer read here is held until an event after the copy completed,
+        // even if the future is dropped unawaited.
+        if let Err(err) = self.hold_until_done(stream_id, foreign) {
+            self.push_error(stream_id, err);
+        }
+        Box::pin(async move {
+            let bytes = copied.await;
+            drop(keep);
+            bytes
+        })
     }
 
     fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: CubeStreamId) {
@@ -364,7 +426,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         stream_id: CubeStreamId,
     ) -> Result<ManagedResource<Resource<D>>, ServerError> {
         let memory = binding.memory.clone();
-        let (resource, used) = self.resolve_use(binding)?;
+        let (resource, used, foreign) = self.resolve_use(binding, stream_id)?;
         self.order_after(stream_id, &[used])?;
         // The caller may write the buffer: as a launch would.
         note_rewrites(&mut self.streams, stream_id, &[used]);
@@ -372,6 +434,9 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         let (driver, driver_stream) = self.split(stream_id);
         driver.expose(driver_stream, &resource);
         driver.flush(driver_stream)?;
+        // What the caller issues with the raw resource later is its own to order (as with
+        // PyTorch's `data_ptr`); the work on this stream so far is covered.
+        self.hold_until_done(stream_id, foreign.into_iter().collect())?;
         Ok(ManagedResource::new(memory, resource))
     }
 
@@ -398,6 +463,10 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
     }
 
     fn memory_usage(&mut self, _stream_id: CubeStreamId) -> Result<MemoryUsage, ServerError> {
+        // Buffers other streams have finished with are no longer in use.
+        if let Err(err) = release_completed(&mut self.driver, &mut self.uses) {
+            log::error!("caching allocator: polling cross-stream uses failed: {err}");
+        }
         // PyTorch's meanings, device-wide: in use = bytes of live tensors (all streams),
         // reserved = the engine's segments.
         let layer = self.cubecl_layer();
@@ -410,6 +479,11 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
     }
 
     fn memory_cleanup(&mut self, _stream_id: CubeStreamId) {
+        // PyTorch's `empty_cache` synchronises every pending event first: memory other
+        // streams used comes back too once they are done with it.
+        if let Err(err) = synchronize_uses(&mut self.driver, &mut self.streams, &mut self.uses) {
+            log::error!("caching allocator: waiting for cross-stream uses failed: {err}");
+        }
         for id in self.streams.ids() {
             let (driver, driver_stream) = self.split(id);
             if let Err(err) = driver.flush(driver_stream) {
@@ -458,7 +532,7 @@ impl<D: Driver> CachingServer<D> {
         stream_id: CubeStreamId,
     ) -> Result<(), ServerError> {
         checks::contiguous(&desc.shape, &desc.strides)?;
-        let (resource, used) = self.resolve_use(desc.handle)?;
+        let (resource, used, foreign) = self.resolve_use(desc.handle, stream_id)?;
         if data.is_empty() {
             return Ok(());
         }
@@ -467,7 +541,9 @@ impl<D: Driver> CachingServer<D> {
         note_rewrites(&mut self.streams, stream_id, &[used]);
         self.advance(stream_id);
         let (driver, driver_stream) = self.split(stream_id);
-        driver.write(driver_stream, &resource, data)
+        let written = driver.write(driver_stream, &resource, data);
+        self.hold_until_done(stream_id, foreign.into_iter().collect())?;
+        written
     }
 
     /// One launch: the kernel from the cache, its buffers resolved and ordered after their
@@ -499,16 +575,19 @@ impl<D: Driver> CachingServer<D> {
 
         let mut uses = Vec::with_capacity(args.buffers.len() + 1);
         let mut buffers = Vec::with_capacity(args.buffers.len());
+        let mut foreign = Vec::new();
         for binding in args.buffers {
-            let (resource, used) = self.resolve_use(binding)?;
+            let (resource, used, other) = self.resolve_use(binding, stream_id)?;
             buffers.push(resource);
             uses.push(used);
+            foreign.extend(other);
         }
         let count = match count {
             CubeCount::Static(x, y, z) => LaunchCount::Static(x, y, z),
             CubeCount::Dynamic(binding) => {
-                let (resource, used) = self.resolve_use(binding)?;
+                let (resource, used, other) = self.resolve_use(binding, stream_id)?;
                 uses.push(used);
+                foreign.extend(other);
                 checks::dynamic_count(&resource)?;
                 LaunchCount::Dynamic(resource)
             }
@@ -529,6 +608,7 @@ impl<D: Driver> CachingServer<D> {
             Some(values) => Some(metadata::upload(
                 &mut self.driver,
                 &mut self.streams,
+                &mut self.uses,
                 self.max_binding_size,
                 stream_id,
                 values,
@@ -546,6 +626,8 @@ impl<D: Driver> CachingServer<D> {
         };
         let (driver, driver_stream) = self.split(stream_id);
         // SAFETY: forwarded from this function's contract.
-        unsafe { driver.launch(driver_stream, launch) }
+        let launched = unsafe { driver.launch(driver_stream, launch) };
+        self.hold_until_done(stream_id, foreign)?;
+        launched
     }
 }

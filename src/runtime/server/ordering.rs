@@ -1,6 +1,8 @@
-//! Cross-stream ordering, as cubecl-runtime's event streams (`stream/event.rs`) do it: work on
-//! one stream that uses a buffer of another stream waits for that stream only when the buffer
-//! may be newer than the last point the two streams synced at.
+//! Cross-stream ordering, both ways.
+//!
+//! **A consumer after the producer**, as cubecl-runtime's event streams (`stream/event.rs`) do
+//! it: work on one stream that uses a buffer of another stream waits for that stream only when
+//! the buffer may be newer than the last point the two streams synced at.
 //!
 //! Every stream counts the operations issued on it (its cursor), and a buffer remembers the
 //! cursor of its stream when it was bound (CubeCL's slice cursor). A consumer keeps, per
@@ -18,10 +20,25 @@
 //!
 //! Not covered, as in CubeCL: a stream writing in place into another stream's buffer, which
 //! that stream then uses without a wait (buffers are ordered by the stream that created them).
+//!
+//! **Reuse after the consumer** ([`PendingUses`]), PyTorch's `recordStream` rule
+//! (`CUDACachingAllocator.cpp`: `recordStream`, `insert_events`, `process_events`): memory a
+//! stream used is not handed to new work on any stream before an event recorded on that stream
+//! after the use has completed. CubeCL's persistent pool reuses a freed slice at once on the
+//! next reservation of the same size on the producer's stream, and gives it back to the engine
+//! only when it is free; so after an operation (launch, read, write, `get_resource`) that used
+//! another stream's buffer, the server records one event on the consumer's stream and keeps a
+//! clone of each such binding until that event has completed. While the clone lives, the slice
+//! is not free: neither CubeCL nor the engine can hand it out. The events are polled (no
+//! blocking, oldest first per stream, as they complete in order) before each reservation and
+//! each `memory_usage`;
+//! `empty_cache` and the out-of-memory path wait for all of them. A use on the buffer's own
+//! stream records nothing: stream order already protects it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_runtime::memory_management::ManagedMemoryBinding;
 use cubecl_runtime::server::ServerError;
 
 use super::super::driver::Driver;
@@ -129,6 +146,129 @@ pub(super) fn order_after<D: Driver>(
         let stream = streams.get_slot(driver, consumer_slot);
         driver.wait_event(&mut stream.driver, event)?;
         stream.synced.synced(producer, producer_cursor);
+    }
+    Ok(())
+}
+
+/// Buffers other streams used, held until an event recorded on the user's stream after the use
+/// has completed (see the module documentation).
+pub(super) struct PendingUses<E> {
+    /// Per consumer slot, oldest first: the event recorded after the uses, and the bindings it
+    /// keeps from being handed out.
+    by_slot: HashMap<usize, VecDeque<(E, Vec<ManagedMemoryBinding>)>>,
+    /// Per consumer slot, bindings whose event failed to record: held until the whole stream
+    /// is synchronised ([`synchronize_uses`]).
+    unrecorded: HashMap<usize, Vec<ManagedMemoryBinding>>,
+}
+
+impl<E> Default for PendingUses<E> {
+    fn default() -> Self {
+        Self {
+            by_slot: HashMap::new(),
+            unrecorded: HashMap::new(),
+        }
+    }
+}
+
+impl<E> PendingUses<E> {
+    /// How many events are pending.
+    #[cfg(test)]
+    pub(super) fn events(&self) -> usize {
+        self.by_slot.values().map(VecDeque::len).sum()
+    }
+
+    /// How many bindings are held.
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        let recorded: usize = self
+            .by_slot
+            .values()
+            .flat_map(|queue| queue.iter().map(|(_, held)| held.len()))
+            .sum();
+        recorded + self.unrecorded.values().map(Vec::len).sum::<usize>()
+    }
+}
+
+/// After work on `consumer` that used the foreign buffers `foreign` (bindings of other
+/// streams' slices): records an event on `consumer` and holds the bindings until it completes.
+/// Nothing when `foreign` is empty.
+pub(super) fn hold_until_done<D: Driver>(
+    driver: &mut D,
+    streams: &mut Streams<D>,
+    pending: &mut PendingUses<D::Event>,
+    consumer: CubeStreamId,
+    foreign: Vec<ManagedMemoryBinding>,
+) -> Result<(), ServerError> {
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    let slot = streams.slot(consumer);
+    let stream = streams.get_slot(driver, slot);
+    match driver.record_event(&mut stream.driver) {
+        Ok(event) => {
+            pending
+                .by_slot
+                .entry(slot)
+                .or_default()
+                .push_back((event, foreign));
+            Ok(())
+        }
+        Err(err) => {
+            // The buffers cannot be proven unused: held until the stream is synchronised,
+            // never freed early (PyTorch's `insert_events` raises and leaves the block alone).
+            pending.unrecorded.entry(slot).or_default().extend(foreign);
+            Err(err)
+        }
+    }
+}
+
+/// Releases the held bindings whose events have completed, oldest first on each stream,
+/// without blocking. A query that fails keeps its bindings held and is returned.
+pub(super) fn release_completed<D: Driver>(
+    driver: &mut D,
+    pending: &mut PendingUses<D::Event>,
+) -> Result<(), ServerError> {
+    if pending.by_slot.is_empty() {
+        return Ok(());
+    }
+    let mut failure = Ok(());
+    pending.by_slot.retain(|_, queue| {
+        while let Some((event, _)) = queue.front() {
+            match driver.query_event(event) {
+                Ok(true) => {
+                    queue.pop_front();
+                }
+                Ok(false) => break,
+                Err(err) => {
+                    failure = Err(err);
+                    break;
+                }
+            }
+        }
+        !queue.is_empty()
+    });
+    failure
+}
+
+/// Waits for every pending event and releases every held binding (`empty_cache`, the
+/// out-of-memory path). A wait that fails keeps what is still pending held and is returned.
+pub(super) fn synchronize_uses<D: Driver>(
+    driver: &mut D,
+    streams: &mut Streams<D>,
+    pending: &mut PendingUses<D::Event>,
+) -> Result<(), ServerError> {
+    for queue in pending.by_slot.values_mut() {
+        while let Some((event, _)) = queue.front() {
+            driver.synchronize_event(event)?;
+            queue.pop_front();
+        }
+    }
+    pending.by_slot.clear();
+    let slots: Vec<usize> = pending.unrecorded.keys().copied().collect();
+    for slot in slots {
+        let stream = streams.get_slot(driver, slot);
+        cubecl_common::future::block_on(driver.sync(&mut stream.driver))?;
+        pending.unrecorded.remove(&slot);
     }
     Ok(())
 }

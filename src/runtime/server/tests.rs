@@ -1,10 +1,11 @@
 //! The generic server over a driver that only records what it is asked to do, on the
 //! simulated device behind `Metered`: no GPU needed. These tests pin what the CUDA driver
 //! relies on the server for: launch metadata without a device allocation per launch, stream
-//! ids on bounded slots, and cross-stream waits only when a buffer is newer than the last
-//! sync.
+//! ids on bounded slots, cross-stream waits only when a buffer is newer than the last sync,
+//! memory another stream used handed out again only after that stream's event completed, and
+//! one out-of-memory per failed request.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 
@@ -40,6 +41,14 @@ struct Seen {
     launches: Vec<(Vec<u64>, Option<Vec<u8>>)>,
     events_recorded: usize,
     waits: usize,
+    /// The stream of every event recorded, by event id.
+    event_streams: Vec<StreamId>,
+    /// Events the test declared complete (the others are still running).
+    completed: HashSet<u64>,
+    /// `synchronize_event` calls (the host waited for an event).
+    event_syncs: usize,
+    /// Recording an event on this stream fails.
+    failing_records: Option<StreamId>,
     /// Device contents written so far, by (segment, offset).
     memory: HashMap<(u64, u64), Vec<u8>>,
 }
@@ -105,7 +114,7 @@ impl Driver for Recording {
     type Compiler = NoCompiler;
     type Info = ();
     type Stream = StreamId;
-    type Event = ();
+    type Event = u64;
     type Kernel = ();
 
     fn open(_device: DeviceId) -> Result<Self, DriverError> {
@@ -206,13 +215,32 @@ impl Driver for Recording {
         Box::pin(async { Ok(()) })
     }
 
-    fn record_event(&mut self, _stream: &mut StreamId) -> Result<(), ServerError> {
-        self.seen.lock().events_recorded += 1;
+    fn record_event(&mut self, stream: &mut StreamId) -> Result<u64, ServerError> {
+        let mut seen = self.seen.lock();
+        if seen.failing_records == Some(*stream) {
+            return Err(ServerError::Generic {
+                reason: "injected: cannot record an event".into(),
+                backtrace: cubecl_common::backtrace::BackTrace::capture(),
+            });
+        }
+        seen.events_recorded += 1;
+        seen.event_streams.push(*stream);
+        Ok(seen.event_streams.len() as u64 - 1)
+    }
+
+    fn wait_event(&mut self, _stream: &mut StreamId, _event: u64) -> Result<(), ServerError> {
+        self.seen.lock().waits += 1;
         Ok(())
     }
 
-    fn wait_event(&mut self, _stream: &mut StreamId, _event: ()) -> Result<(), ServerError> {
-        self.seen.lock().waits += 1;
+    fn query_event(&mut self, event: &u64) -> Result<bool, ServerError> {
+        Ok(self.seen.lock().completed.contains(event))
+    }
+
+    fn synchronize_event(&mut self, event: &u64) -> Result<(), ServerError> {
+        let mut seen = self.seen.lock();
+        seen.event_syncs += 1;
+        seen.completed.insert(*event);
         Ok(())
     }
 }
@@ -224,8 +252,12 @@ struct Harness {
 }
 
 fn harness(layout: MetadataLayout, max_streams: usize) -> Harness {
+    harness_on(SimDevice::new(1 << 30), layout, max_streams)
+}
+
+fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> Harness {
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let memory = Metered::new(SimDevice::new(1 << 30));
+    let memory = Metered::new(device);
     let meter = memory.meter();
     let seen = Arc::new(Mutex::new(Seen::default()));
     let driver = Recording {
@@ -279,12 +311,29 @@ impl Harness {
     }
 
     fn waits(&self) -> usize {
+        self.seen.lock().waits
+    }
+
+    /// Where a buffer lives: its segment and offset.
+    fn location(&mut self, handle: &Handle) -> (u64, u64) {
+        let on = handle.stream;
+        let resource = self
+            .server
+            .get_resource(handle.clone().binding(), on)
+            .expect("a live buffer");
+        (resource.resource().segment, resource.resource().offset)
+    }
+
+    /// The events recorded on `stream` so far, by id.
+    fn events_on(&self, stream: StreamId) -> Vec<u64> {
         let seen = self.seen.lock();
-        assert_eq!(
-            seen.events_recorded, seen.waits,
-            "every event is waited for"
-        );
-        seen.waits
+        (0..seen.event_streams.len() as u64)
+            .filter(|id| seen.event_streams[*id as usize] == stream)
+            .collect()
+    }
+
+    fn complete(&self, events: &[u64]) {
+        self.seen.lock().completed.extend(events.iter().copied());
     }
 }
 
@@ -458,4 +507,301 @@ fn tensor_maps_are_refused_with_a_launch_error() {
     let err = super::checks::no_tensor_maps(1).expect_err("refused");
     assert!(err.to_string().contains("tensor map"), "{err}");
     assert!(super::checks::no_tensor_maps(0).is_ok());
+}
+
+#[test]
+fn a_buffer_another_stream_used_is_reused_only_after_that_streams_event_completed() {
+    // PyTorch's `recordStream`, `insert_events` and `process_events`
+    // (CUDACachingAllocator.cpp): a block used on another stream is handed out again only once
+    // an event recorded there after the use has completed.
+    let mut h = harness(MetadataLayout::DriverBinding, 8);
+    let info = || MetadataBindingInfo::new(Vec::new(), 0);
+    let batch = h.buffer(4096, stream(1));
+    let first = h.location(&batch);
+    let out = h.buffer(4096, stream(2));
+    // The consumer (2) uses the producer's (1) batch, then the batch's last handle goes.
+    h.launch(&[&batch, &out], info(), stream(2));
+    let consumer_events = h.events_on(StreamId(2));
+    assert_eq!(consumer_events.len(), 1, "one event after the use");
+    assert_eq!(h.server.pending_uses(), (1, 1));
+    drop(batch);
+    // The producer's next tensor of the same size would be CubeCL's exact-size reuse of the
+    // freed slice: while the consumer may still read it, it gets other memory.
+    let next = h.buffer(4096, stream(1));
+    assert_ne!(
+        h.location(&next),
+        first,
+        "reused while the consumer may still read it"
+    );
+    // Once the consumer's event completed, the memory is free for new work again.
+    h.complete(&consumer_events);
+    let later = h.buffer(4096, stream(1));
+    assert_eq!(h.location(&later), first);
+    assert_eq!(h.server.pending_uses(), (0, 0));
+    assert_eq!(h.seen.lock().event_syncs, 0, "polled, never waited for");
+}
+
+#[test]
+fn a_buffer_reused_on_its_own_stream_costs_no_event() {
+    let mut h = harness(MetadataLayout::DriverBinding, 8);
+    let info = || MetadataBindingInfo::new(Vec::new(), 0);
+    let batch = h.buffer(4096, stream(1));
+    let first = h.location(&batch);
+    let out = h.buffer(4096, stream(1));
+    h.launch(&[&batch, &out], info(), stream(1));
+    // Ids that share a slot are one stream.
+    h.launch(&[&batch, &out], info(), stream(1 + 8));
+    drop(batch);
+    let next = h.buffer(4096, stream(1));
+    assert_eq!(h.location(&next), first, "stream order protects the reuse");
+    assert_eq!(h.seen.lock().events_recorded, 0);
+    assert_eq!(h.server.pending_uses(), (0, 0));
+}
+
+#[test]
+fn a_read_keeps_its_source_until_the_copy_completed_and_its_stream_until_its_event() {
+    let mut h = harness(MetadataLayout::DriverBinding, 8);
+    let read_of = |handle: &Handle| {
+        vec![CopyDescriptor::new(
+            handle.clone().binding(),
+            [1024].into(),
+            [1].into(),
+            4,
+        )]
+    };
+    // Same stream: the future holds the source until it has yielded the bytes.
+    let source = h.buffer(4096, stream(1));
+    let first = h.location(&source);
+    let copy = h.server.read(read_of(&source), stream(1));
+    drop(source);
+    let next = h.buffer(4096, stream(1));
+    assert_ne!(
+        h.location(&next),
+        first,
+        "the copy's source was reused before it completed"
+    );
+    let bytes = cubecl_common::future::block_on(copy).expect("read");
+    assert_eq!(bytes[0].len(), 4096);
+    let after = h.buffer(4096, stream(1));
+    assert_eq!(h.location(&after), first, "free once the copy completed");
+    assert_eq!(
+        h.seen.lock().events_recorded,
+        0,
+        "no event on the same stream"
+    );
+
+    // Another stream reads it: the source stays held until that stream's event completed,
+    // even once the read's future is done.
+    let first = h.location(&after);
+    let copy = h.server.read(read_of(&after), stream(2));
+    drop(after);
+    cubecl_common::future::block_on(copy).expect("read");
+    let next = h.buffer(4096, stream(1));
+    assert_ne!(h.location(&next), first);
+    h.complete(&h.events_on(StreamId(2)));
+    let free_again = h.buffer(4096, stream(1));
+    assert_eq!(h.location(&free_again), first);
+}
+
+#[test]
+fn empty_cache_waits_for_other_streams_uses_and_then_returns_their_memory() {
+    let mut h = harness(MetadataLayout::DriverBinding, 8);
+    let info = || MetadataBindingInfo::new(Vec::new(), 0);
+    let batch = h.buffer(1 << 20, stream(1));
+    h.launch(&[&batch], info(), stream(2));
+    drop(batch);
+    h.server.memory_cleanup(stream(1));
+    // PyTorch's `empty_cache` synchronises pending events, then frees what they held.
+    assert_eq!(h.seen.lock().event_syncs, 1);
+    assert_eq!(h.server.pending_uses(), (0, 0));
+    assert_eq!(h.server.allocator().stats().allocated_bytes.all.current, 0);
+    assert_eq!(h.server.allocator().memory_reserved(), 0);
+}
+
+/// A server on an 80 MiB device with 4 stream slots, counting its out-of-memory observer's
+/// calls and writing its first-OOM snapshot to a file of the test's own.
+fn small_device(name: &str) -> (Harness, Arc<Mutex<Vec<String>>>, std::path::PathBuf) {
+    let h = harness_on(SimDevice::new(80 * MIB), MetadataLayout::DriverBinding, 4);
+    let observed = Arc::new(Mutex::new(Vec::new()));
+    let seen = observed.clone();
+    h.server
+        .allocator()
+        .on_out_of_memory(move |err| seen.lock().push(err.to_string()));
+    let path = std::env::temp_dir().join(format!("{name}-{}.pickle", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    h.server
+        .allocator()
+        .dump_snapshot_on_oom(Some(path.clone()));
+    (h, observed, path)
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn a_request_other_streams_caches_can_serve_is_no_out_of_memory() {
+    // PyTorch counts `num_ooms` only when `malloc` really fails, after every cache was freed
+    // (`release_cached_blocks`) and the allocation retried; here the caches include CubeCL's
+    // free slices of every stream, given back before the engine's cache flush.
+    let (mut h, observed, snapshot) = small_device("recovered-oom");
+    // Stream 1 holds 24 MiB; streams 2 and 3 dropped 26 MiB and 8 MiB (a 20 MiB segment),
+    // cached in their CubeCL pools.
+    let _live = h.buffer(24 * MIB, stream(1));
+    drop(h.buffer(26 * MIB, stream(2)));
+    drop(h.buffer(8 * MIB, stream(3)));
+    assert_eq!(h.server.allocator().memory_reserved(), 70 * MIB);
+    // 30 MiB on stream 1: the device has 10 MiB left; only stream 2's cache can make room.
+    let fits = h.buffer(30 * MIB, stream(1));
+    h.server
+        .flush(stream(1))
+        .expect("served after the reclaim and the flush");
+    let stats = h.server.allocator().stats();
+    assert_eq!(stats.num_ooms, 0);
+    assert_eq!(stats.num_alloc_retries, 1, "one flush and retry");
+    assert_eq!(h.server.allocator().wait_for_oom_observers().failures, 0);
+    assert!(observed.lock().is_empty());
+    assert!(!snapshot.exists(), "no out-of-memory, no snapshot");
+    assert_eq!(h.server.allocator().memory_reserved(), 54 * MIB);
+    drop(fits);
+}
+
+#[test]
+fn a_request_that_fails_is_one_out_of_memory_with_one_observer_call_and_one_snapshot() {
+    let (mut h, observed, snapshot) = small_device("one-oom");
+    let _live = h.buffer(24 * MIB, stream(1));
+    drop(h.buffer(26 * MIB, stream(2)));
+    drop(h.buffer(8 * MIB, stream(3)));
+    let _too_much = h.buffer(60 * MIB, stream(1));
+    let err = h
+        .server
+        .flush(stream(1))
+        .expect_err("60 MiB beside 24 MiB in 80 MiB");
+    assert!(err.to_string().contains("out of memory"), "{err}");
+    let stats = h.server.allocator().stats();
+    assert_eq!(stats.num_ooms, 1, "one failed request, one out-of-memory");
+    assert_eq!(stats.num_alloc_retries, 1);
+    // Every layer gave back its cache before the failure: only the live tensor stays.
+    assert_eq!(h.server.allocator().memory_reserved(), 24 * MIB);
+    for slot in 1..4 {
+        let counters = h
+            .server
+            .streams
+            .get(&mut h.server.driver, stream(slot))
+            .memory
+            .counters();
+        assert_eq!(counters.oom_reclaims, 1, "stream {slot} reclaimed once");
+    }
+    let report = h.server.allocator().wait_for_oom_observers();
+    assert_eq!((report.failures, report.ran, report.panicked), (1, 1, 0));
+    assert_eq!(observed.lock().len(), 1);
+    assert!(observed.lock()[0].contains("out of memory"));
+    let pickle = std::fs::read(&snapshot).expect("the snapshot of the first out-of-memory");
+    assert_eq!(&pickle[..2], &[0x80, 2], "a pickle");
+    std::fs::remove_file(&snapshot).expect("removed");
+    // The server goes on: what fits is served.
+    let fits = h.buffer(40 * MIB, stream(1));
+    h.server
+        .flush(stream(1))
+        .expect("40 MiB beside 24 MiB fits");
+    drop(fits);
+}
+
+#[test]
+fn a_request_that_can_never_fit_is_a_clear_error_at_once() {
+    let (mut h, observed, snapshot) = small_device("too-large");
+    drop(h.buffer(8 * MIB, stream(2)));
+    let cached_before = h
+        .server
+        .streams
+        .get(&mut h.server.driver, stream(2))
+        .memory
+        .usage();
+    let _never = h.buffer(200 * MIB, stream(1));
+    let err = h
+        .server
+        .flush(stream(1))
+        .expect_err("200 MiB on an 80 MiB device");
+    let message = err.to_string();
+    assert!(
+        message.contains("larger than the largest segment"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("after returning every free CubeCL slice"),
+        "{message}"
+    );
+    // No stream's cache was walked for it, the engine did not flush.
+    let other = h
+        .server
+        .streams
+        .get(&mut h.server.driver, stream(2))
+        .memory
+        .counters();
+    assert_eq!(other.oom_reclaims, 0);
+    assert_eq!(
+        h.server
+            .streams
+            .get(&mut h.server.driver, stream(2))
+            .memory
+            .usage(),
+        cached_before
+    );
+    let stats = h.server.allocator().stats();
+    assert_eq!(
+        stats.num_ooms, 1,
+        "counted as PyTorch counts a failed cudaMalloc"
+    );
+    assert_eq!(stats.num_alloc_retries, 0);
+    // An out-of-memory for the observers and the snapshot too.
+    assert_eq!(h.server.allocator().wait_for_oom_observers().failures, 1);
+    assert!(observed.lock()[0].contains("larger than the largest segment"));
+    assert!(snapshot.exists());
+    std::fs::remove_file(&snapshot).expect("removed");
+}
+
+#[test]
+fn a_use_whose_event_cannot_be_recorded_holds_its_buffer_until_the_stream_is_synced() {
+    // PyTorch's `insert_events` raises when an event cannot be recorded and leaves the block
+    // alone: never freed early.
+    let mut h = harness(MetadataLayout::DriverBinding, 8);
+    let batch = h.buffer(4096, stream(1));
+    let first = h.location(&batch);
+    h.seen.lock().failing_records = Some(StreamId(2));
+    let args = KernelArguments {
+        buffers: vec![batch.clone().binding()],
+        info: MetadataBindingInfo::new(Vec::new(), 0),
+        tensor_maps: Vec::new(),
+    };
+    // SAFETY: the recording driver runs nothing.
+    unsafe {
+        h.server.launch(
+            Box::new(NoKernel),
+            CubeCount::Static(1, 1, 1),
+            args,
+            ExecutionMode::Checked,
+            stream(2),
+        )
+    };
+    let err = h
+        .server
+        .flush(stream(2))
+        .expect_err("the failed record is reported");
+    assert!(err.to_string().contains("cannot record an event"), "{err}");
+    assert_eq!(
+        h.seen.lock().launches.len(),
+        1,
+        "the launch itself was issued"
+    );
+    assert_eq!(h.server.pending_uses(), (0, 1), "held without an event");
+    drop(batch);
+    let next = h.buffer(4096, stream(1));
+    assert_ne!(
+        h.location(&next),
+        first,
+        "reused although its use was never proven done"
+    );
+    // `empty_cache` synchronises the stream itself, then lets the buffer go.
+    drop(next);
+    h.server.memory_cleanup(stream(1));
+    assert_eq!(h.server.pending_uses(), (0, 0));
+    assert_eq!(h.server.allocator().stats().allocated_bytes.all.current, 0);
 }
