@@ -13,11 +13,16 @@
 //! - `checks`: what does not depend on the device API (layouts, sizes, empty launches), once
 //!   for every backend;
 //! - `kernels`: the kernel cache;
-//! - `layer_usage`: CubeCL's layer in numbers, for `memory_stats`.
+//! - `layer_usage`: CubeCL's layer in numbers, for `memory_stats`;
+//! - `comm`: tensors moved to another device's server and all-reduce across devices, through
+//!   host memory (CubeCL's `ServerCommunication`).
 //!
 //! The device API itself is the [`Driver`]'s.
 
 mod checks;
+mod comm;
+#[cfg(test)]
+mod comm_tests;
 mod kernels;
 mod layer_usage;
 mod metadata;
@@ -47,7 +52,7 @@ use cubecl_runtime::memory_management::{
 };
 use cubecl_runtime::server::{
     Binding, ComputeServer, CopyDescriptor, CubeCount, ExecutionMode, IoError, KernelArguments,
-    ProfileError, ProfilingToken, ServerCommunication, ServerError, ServerUtilities,
+    ProfileError, ProfilingToken, ServerError, ServerUtilities,
 };
 use cubecl_runtime::storage::ManagedResource;
 use cubecl_runtime::timestamp_profiler::TimestampProfiler;
@@ -78,6 +83,7 @@ pub struct CachingServer<D: Driver> {
     profiler: TimestampProfiler,
     cubecl_usage: Arc<Mutex<CubeclLayerUsage>>,
     utilities: Arc<ServerUtilities<Self>>,
+    comm: comm::CommState,
 }
 
 impl<D: Driver> core::fmt::Debug for CachingServer<D> {
@@ -124,6 +130,7 @@ impl<D: Driver> CachingServer<D> {
             profiler: TimestampProfiler::default(),
             cubecl_usage,
             utilities: Arc::new(utilities),
+            comm: comm::CommState::default(),
         }
     }
 
@@ -231,10 +238,6 @@ impl<D: Driver> CachingServer<D> {
 
 fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
     Box::pin(async move { value })
-}
-
-impl<D: Driver> ServerCommunication for CachingServer<D> {
-    const SERVER_COMM_ENABLED: bool = false;
 }
 
 impl<D: Driver> DeviceService for CachingServer<D> {
