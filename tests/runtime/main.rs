@@ -4,6 +4,11 @@
 //!   the simulated device (no GPU, no feature);
 //! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `expandable_wgpu`, `history_wgpu`, `trace_wgpu`
 //!   (feature `wgpu`): Burn on `CachingWgpu`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
+//! - `multi_device_wgpu` (feature `wgpu`): two caching devices in one process (`Cpu` and
+//!   `DefaultDevice`, both lavapipe in CI), tensors moved between them;
+//!   `multi_device_train_wgpu`: data-parallel training across the two, against one device;
+//! - `multi_device_one` (wgpu, and cuda ignored without a device): a copy to the same device
+//!   and an all-reduce of one rank through CubeCL's client;
 //! - `burn_mlp_cuda`, `cuda_launches`, `cuda_memory` (feature `cuda`): Burn on `CachingCuda`
 //!   and `CudaMemory` on a real CUDA device; ignored by default ("needs a CUDA device"), each
 //!   prints why it skips when run without one (`--include-ignored`).
@@ -22,6 +27,8 @@ mod support;
 
 mod storage;
 
+mod multi_device_one;
+
 #[cfg(feature = "wgpu")]
 mod burn_mlp_wgpu;
 #[cfg(feature = "wgpu")]
@@ -30,6 +37,10 @@ mod burn_oom_wgpu;
 mod expandable_wgpu;
 #[cfg(feature = "wgpu")]
 mod history_wgpu;
+#[cfg(feature = "wgpu")]
+mod multi_device_train_wgpu;
+#[cfg(feature = "wgpu")]
+mod multi_device_wgpu;
 #[cfg(feature = "wgpu")]
 mod trace_wgpu;
 

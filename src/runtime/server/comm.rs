@@ -210,7 +210,7 @@ pub(super) fn reduce(
             other.len()
         )));
     }
-    if len % dtype.size() != 0 {
+    if !len.is_multiple_of(dtype.size()) {
         return Err(generic(format!(
             "caching allocator: all_reduce of {len} bytes is not a whole number of {dtype:?}"
         )));

@@ -283,7 +283,7 @@ fn all_reduce_sums_and_averages_across_three_devices_as_nccl_would() {
 
 #[test]
 fn all_reduce_of_mismatched_or_unsupported_buffers_is_an_error_on_every_member() {
-    let inputs = vec![f32_bytes(&[1.0, 2.0]), f32_bytes(&[1.0, 2.0, 3.0])];
+    let inputs = [f32_bytes(&[1.0, 2.0]), f32_bytes(&[1.0, 2.0, 3.0])];
     let err = super::comm::reduce(F32, &ReduceOperation::Sum, &[&inputs[0], &inputs[1]])
         .expect_err("sizes differ");
     assert!(err.to_string().contains("different sizes"), "{err}");
