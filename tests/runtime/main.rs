@@ -7,6 +7,7 @@
 //! - `multi_device_wgpu` (feature `wgpu`): two caching devices in one process (`Cpu` and
 //!   `DefaultDevice`, both lavapipe in CI), tensors moved between them;
 //!   `multi_device_train_wgpu`: data-parallel training across the two, against one device;
+//!   `multi_device_learner_wgpu` (and feature `train`): burn-train's `MultiDevice` strategy;
 //! - `multi_device_one` (wgpu, and cuda ignored without a device): a copy to the same device
 //!   and an all-reduce of one rank through CubeCL's client;
 //! - `burn_mlp_cuda`, `cuda_launches`, `cuda_memory` (feature `cuda`): Burn on `CachingCuda`
@@ -37,6 +38,8 @@ mod burn_oom_wgpu;
 mod expandable_wgpu;
 #[cfg(feature = "wgpu")]
 mod history_wgpu;
+#[cfg(all(feature = "wgpu", feature = "train"))]
+mod multi_device_learner_wgpu;
 #[cfg(feature = "wgpu")]
 mod multi_device_train_wgpu;
 #[cfg(feature = "wgpu")]
