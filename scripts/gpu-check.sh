@@ -15,7 +15,9 @@
 #
 # Steps, in order, each with its own timeout, all within one time budget:
 #   test-lib, test-runtime     the library's unit tests and the runtime tests, GPU tests
-#                              included (--include-ignored: they are ignored without a GPU)
+#                              included (--include-ignored: they are ignored without a GPU);
+#                              test-runtime holds multi_device_one::cuda (a copy to the same
+#                              device, an all-reduce of one rank through CubeCL's client)
 #   conformance_cuda           CubeCL's conformance suite on CachingCudaRuntime; fails when
 #                              fewer tests pass than the bundle holds (or none)
 #   mnist                      the MNIST comparison, caching-cuda against Burn's stock cuda

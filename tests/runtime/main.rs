@@ -6,6 +6,12 @@
 //! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `oom_observers_wgpu`, `expandable_wgpu`, `history_wgpu`,
 //!   `trace_wgpu`
 //!   (feature `wgpu`): Burn on `CachingWgpu`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
+//! - `multi_device_wgpu` (feature `wgpu`): two caching devices in one process (`Cpu` and
+//!   `DefaultDevice`, both lavapipe in CI), tensors moved between them;
+//!   `multi_device_train_wgpu`: data-parallel training across the two, against one device;
+//!   `multi_device_learner_wgpu` (and feature `train`): burn-train's `MultiDevice` strategy;
+//! - `multi_device_one` (wgpu, and cuda ignored without a device): a copy to the same device
+//!   and an all-reduce of one rank through CubeCL's client;
 //! - `burn_mlp_cuda`, `cross_stream_cuda`, `cuda_faults`, `cuda_launches`, `cuda_memory`
 //!   (feature `cuda`): Burn on `CachingCuda`
 //!   and `CudaMemory` on a real CUDA device; ignored by default ("needs a CUDA device"), each
@@ -26,6 +32,8 @@ mod support;
 mod faults;
 mod storage;
 
+mod multi_device_one;
+
 #[cfg(feature = "wgpu")]
 mod burn_mlp_wgpu;
 #[cfg(feature = "wgpu")]
@@ -34,6 +42,12 @@ mod burn_oom_wgpu;
 mod expandable_wgpu;
 #[cfg(feature = "wgpu")]
 mod history_wgpu;
+#[cfg(all(feature = "wgpu", feature = "train"))]
+mod multi_device_learner_wgpu;
+#[cfg(feature = "wgpu")]
+mod multi_device_train_wgpu;
+#[cfg(feature = "wgpu")]
+mod multi_device_wgpu;
 #[cfg(feature = "wgpu")]
 mod oom_observers_wgpu;
 #[cfg(feature = "wgpu")]

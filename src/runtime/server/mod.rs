@@ -15,11 +15,16 @@
 //! - `checks`: what does not depend on the device API (layouts, sizes, empty launches), once
 //!   for every backend;
 //! - `kernels`: the kernel cache;
-//! - `layer_usage`: CubeCL's layer in numbers, for `memory_stats`.
+//! - `layer_usage`: CubeCL's layer in numbers, for `memory_stats`;
+//! - `comm`: tensors moved to another device's server and all-reduce across devices, through
+//!   host memory (CubeCL's `ServerCommunication`).
 //!
 //! The device API itself is the [`Driver`]'s.
 
 mod checks;
+mod comm;
+#[cfg(test)]
+mod comm_tests;
 mod kernels;
 mod layer_usage;
 mod metadata;
@@ -49,7 +54,7 @@ use cubecl_runtime::memory_management::{
 };
 use cubecl_runtime::server::{
     Binding, ComputeServer, CopyDescriptor, CubeCount, ExecutionMode, IoError, KernelArguments,
-    ProfileError, ProfilingToken, ServerCommunication, ServerError, ServerUtilities,
+    ProfileError, ProfilingToken, ServerError, ServerUtilities,
 };
 use cubecl_runtime::storage::ManagedResource;
 use cubecl_runtime::timestamp_profiler::TimestampProfiler;
@@ -85,6 +90,7 @@ pub struct CachingServer<D: Driver> {
     profiler: TimestampProfiler,
     cubecl_usage: Arc<Mutex<CubeclLayerUsage>>,
     utilities: Arc<ServerUtilities<Self>>,
+    comm: comm::CommState,
 }
 
 impl<D: Driver> core::fmt::Debug for CachingServer<D> {
@@ -135,6 +141,7 @@ impl<D: Driver> CachingServer<D> {
             profiler: TimestampProfiler::default(),
             cubecl_usage,
             utilities: Arc::new(utilities),
+            comm: comm::CommState::default(),
         }
     }
 
@@ -274,10 +281,6 @@ fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
     Box::pin(async move { value })
 }
 
-impl<D: Driver> ServerCommunication for CachingServer<D> {
-    const SERVER_COMM_ENABLED: bool = false;
-}
-
 impl<D: Driver> DeviceService for CachingServer<D> {
     fn init(device_id: DeviceId) -> Self {
         // CubeCL opens devices lazily and gives this call no way to fail: a device that cannot
@@ -321,27 +324,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         size: u64,
         stream_id: CubeStreamId,
     ) {
-        // Memory other streams finished using may be handed out again now.
-        if let Err(err) = release_completed(&mut self.driver, &mut self.uses) {
-            log::error!("caching allocator: polling cross-stream uses failed: {err}");
-        }
-        let reserved = reserve::reserve(
-            &mut self.driver,
-            &mut self.streams,
-            &mut self.uses,
-            self.max_binding_size,
-            size,
-            stream_id,
-        );
-        let bound = reserved.and_then(|reserved| {
-            let cursor = self.advance(stream_id);
-            self.streams
-                .get(&mut self.driver, stream_id)
-                .memory
-                .manager()
-                .bind(reserved, memory, cursor)
-                .map_err(ServerError::Io)
-        });
+        let bound = self.reserve_bound(memory, size, stream_id);
         if let Err(err) = bound {
             self.push_error(stream_id, err);
         }

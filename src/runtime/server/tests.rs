@@ -54,7 +54,7 @@ struct Seen {
 }
 
 #[derive(Debug, Clone)]
-struct NoCompiler;
+pub(super) struct NoCompiler;
 
 impl Compiler for NoCompiler {
     type Representation = String;
@@ -103,7 +103,7 @@ impl CubeTask<NoCompiler> for NoKernel {
     }
 }
 
-struct Recording {
+pub(super) struct Recording {
     memory: Option<Metered<SimDevice>>,
     layout: MetadataLayout,
     seen: Arc<Mutex<Seen>>,
@@ -200,9 +200,18 @@ impl Driver for Recording {
         _stream: &mut StreamId,
         sources: Vec<(Resource<Self>, usize)>,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        // What was written there (zeros where nothing was), `len` bytes of it.
+        let memory = &self.seen.lock().memory;
         let bytes = sources
             .into_iter()
-            .map(|(_, len)| Bytes::from_bytes_vec(vec![0; len]))
+            .map(|(at, len)| {
+                let mut data = memory
+                    .get(&(at.segment, at.offset))
+                    .cloned()
+                    .unwrap_or_default();
+                data.resize(len, 0);
+                Bytes::from_bytes_vec(data)
+            })
             .collect();
         Box::pin(async move { Ok(bytes) })
     }
@@ -245,14 +254,19 @@ impl Driver for Recording {
     }
 }
 
-struct Harness {
-    server: CachingServer<Recording>,
+pub(super) struct Harness {
+    pub(super) server: CachingServer<Recording>,
     meter: Meter,
     seen: Arc<Mutex<Seen>>,
 }
 
 fn harness(layout: MetadataLayout, max_streams: usize) -> Harness {
     harness_on(SimDevice::new(1 << 30), layout, max_streams)
+}
+
+/// A server over a simulated device of `capacity` bytes.
+pub(super) fn harness_of(layout: MetadataLayout, max_streams: usize, capacity: u64) -> Harness {
+    harness_on(SimDevice::new(capacity), layout, max_streams)
 }
 
 fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> Harness {
@@ -279,12 +293,12 @@ fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> 
     }
 }
 
-fn stream(value: u64) -> CubeStreamId {
+pub(super) fn stream(value: u64) -> CubeStreamId {
     CubeStreamId { value }
 }
 
 impl Harness {
-    fn buffer(&mut self, size: u64, on: CubeStreamId) -> Handle {
+    pub(super) fn buffer(&mut self, size: u64, on: CubeStreamId) -> Handle {
         let handle = Handle::new(on, size);
         self.server
             .initialize_memory(handle.memory.clone(), size, on);

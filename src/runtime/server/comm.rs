@@ -1,0 +1,459 @@
+//! Communication between servers (CubeCL's `ServerCommunication`): tensors moved from one
+//! device to another, and all-reduce across a group of devices, through host memory.
+//!
+//! How CubeCL 0.10 calls it (cubecl-runtime `client.rs`): `to_client_tensor` first makes sure
+//! both servers joined the pair's group (`comm_init`, once per group), then queues `send` on
+//! the source server's thread and `recv` then `sync_collective` on the destination's; burn's
+//! `DistributedBackend::all_reduce` queues `all_reduce` on every device of the group, each on
+//! its own thread, with the same buffer as source and destination. The client unwraps every
+//! result on the device thread, so a failure that can happen in normal use (a destination out
+//! of memory, a source that cannot be read) is kept on the destination's stream and returned
+//! by its next `read`, `sync` or `flush`, as any other failure of a call that cannot return
+//! one. Only calls the client never makes (a device that was never part of a `comm_init`)
+//! return an error.
+//!
+//! The path, the same for every driver:
+//! - `send` reads the source on its stream, after the work that produced it (the read is
+//!   ordered like any other read of the server), and posts the bytes for the destination. It
+//!   never waits for its peer, so queued transfers in both directions cannot deadlock. A read
+//!   that fails posts the error instead, so the peer's `recv` never waits for bytes that will
+//!   not come.
+//! - `recv` takes the bytes posted for it (waiting until the `send` has run), reserves the
+//!   destination buffer through the destination's caching allocator (it appears in that
+//!   device's statistics and history like any tensor, and an out-of-memory there is the
+//!   allocator's error), and writes the bytes on its stream.
+//! - `all_reduce`: every member reads its buffer and contributes it to the group's round; the
+//!   last to arrive reduces the contributions (in device order, so every member gets the same
+//!   bytes), and each member writes the result into its buffer. Rounds are counted per group
+//!   on each server: the k-th all-reduce of a device meets the k-th of its peers.
+//!
+//! A send and its recv meet by (source device, destination device, stream id): CubeCL names
+//! both clients' streams after the calling thread, so transfers made from several threads at
+//! once pair up correctly. The source is read completely before `send` returns, so no other
+//! stream reads the source block later and nothing has to be recorded on another stream
+//! (PyTorch's `record_stream` for its NCCL process groups): the block may be freed and reused
+//! as soon as the tensor is dropped.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, LazyLock};
+
+use cubecl_common::backtrace::BackTrace;
+use cubecl_common::bytes::Bytes;
+use cubecl_common::device::DeviceId;
+use cubecl_common::future::block_on;
+use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_ir::{ElemType, FloatKind, IntKind, UIntKind};
+use cubecl_runtime::memory_management::ManagedMemoryHandle;
+use cubecl_runtime::server::{
+    Binding, ComputeServer, CopyDescriptor, Handle, ReduceOperation, ServerCommunication,
+    ServerError,
+};
+use parking_lot::{Condvar, Mutex};
+
+use super::super::driver::Driver;
+use super::CachingServer;
+use super::ordering::release_completed;
+use super::reserve;
+
+/// The groups a server joined with `comm_init`, and how many all-reduces it ran in each.
+#[derive(Debug, Default)]
+pub(super) struct CommState {
+    groups: HashSet<Vec<DeviceId>>,
+    rounds: HashMap<Vec<DeviceId>, u64>,
+}
+
+impl CommState {
+    /// Whether `me` and `peer` are in a group this server joined.
+    fn connected(&self, me: DeviceId, peer: DeviceId) -> bool {
+        self.groups
+            .iter()
+            .any(|group| group.contains(&me) && group.contains(&peer))
+    }
+
+    /// The number of the next all-reduce of `group` on this server.
+    fn next_round(&mut self, group: &[DeviceId]) -> u64 {
+        let round = self.rounds.entry(group.to_vec()).or_default();
+        *round += 1;
+        *round
+    }
+}
+
+/// `ids` sorted, without repeats: the same devices name the same group in any order.
+fn group_of(mut ids: Vec<DeviceId>) -> Vec<DeviceId> {
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+fn generic(reason: String) -> ServerError {
+    ServerError::Generic {
+        reason,
+        backtrace: BackTrace::capture(),
+    }
+}
+
+fn not_initialised(me: DeviceId, peers: &[DeviceId]) -> ServerError {
+    generic(format!(
+        "caching allocator: device {me} has no communication group with {peers:?}: \
+         `comm_init` was never called for these devices"
+    ))
+}
+
+/// Where a transfer's bytes wait for their `recv`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Route {
+    src: DeviceId,
+    dst: DeviceId,
+    stream: u64,
+}
+
+/// Bytes sent and not yet received, in the order they were sent, per route.
+#[derive(Default)]
+struct PostOffice {
+    parcels: Mutex<HashMap<Route, VecDeque<Result<Bytes, ServerError>>>>,
+    arrived: Condvar,
+}
+
+static POST: LazyLock<PostOffice> = LazyLock::new(PostOffice::default);
+
+impl PostOffice {
+    fn post(&self, route: Route, parcel: Result<Bytes, ServerError>) {
+        self.parcels
+            .lock()
+            .entry(route)
+            .or_default()
+            .push_back(parcel);
+        self.arrived.notify_all();
+    }
+
+    /// The oldest parcel on `route`, waiting for its `send` if it has not run yet.
+    fn collect(&self, route: Route) -> Result<Bytes, ServerError> {
+        let mut parcels = self.parcels.lock();
+        loop {
+            if let Some(queue) = parcels.get_mut(&route)
+                && let Some(parcel) = queue.pop_front()
+            {
+                if queue.is_empty() {
+                    parcels.remove(&route);
+                }
+                return parcel;
+            }
+            self.arrived.wait(&mut parcels);
+        }
+    }
+}
+
+/// One all-reduce of a group: what each member contributed, then the result.
+#[derive(Default)]
+struct Round {
+    contributions: BTreeMap<DeviceId, Result<Vec<u8>, ServerError>>,
+    result: Option<Result<Arc<Vec<u8>>, ServerError>>,
+    collected: usize,
+}
+
+#[derive(Default)]
+struct Collectives {
+    rounds: Mutex<HashMap<(Vec<DeviceId>, u64), Round>>,
+    changed: Condvar,
+}
+
+static COLLECTIVES: LazyLock<Collectives> = LazyLock::new(Collectives::default);
+
+impl Collectives {
+    /// Contributes `data` to round `round` of `group` and waits for the reduced result.
+    fn all_reduce(
+        &self,
+        group: &[DeviceId],
+        round: u64,
+        me: DeviceId,
+        data: Result<Vec<u8>, ServerError>,
+        reduce: impl FnOnce(&[&[u8]]) -> Result<Vec<u8>, ServerError>,
+    ) -> Result<Arc<Vec<u8>>, ServerError> {
+        let key = (group.to_vec(), round);
+        let mut rounds = self.rounds.lock();
+        let entry = rounds.entry(key.clone()).or_default();
+        entry.contributions.insert(me, data);
+        if entry.contributions.len() == group.len() {
+            let inputs: Result<Vec<&[u8]>, ServerError> = entry
+                .contributions
+                .values()
+                .map(|c| c.as_ref().map(Vec::as_slice).map_err(Clone::clone))
+                .collect();
+            entry.result = Some(inputs.and_then(|inputs| reduce(&inputs)).map(Arc::new));
+            self.changed.notify_all();
+        }
+        loop {
+            let entry = rounds
+                .get_mut(&key)
+                .expect("a round stays until all collected");
+            if let Some(result) = entry.result.clone() {
+                entry.collected += 1;
+                if entry.collected == group.len() {
+                    rounds.remove(&key);
+                }
+                return result;
+            }
+            self.changed.wait(&mut rounds);
+        }
+    }
+}
+
+/// Element-wise `op` over `inputs` (one per device, same length) read as `dtype`.
+pub(super) fn reduce(
+    dtype: ElemType,
+    op: &ReduceOperation,
+    inputs: &[&[u8]],
+) -> Result<Vec<u8>, ServerError> {
+    let len = inputs.first().map_or(0, |first| first.len());
+    if let Some(other) = inputs.iter().find(|input| input.len() != len) {
+        return Err(generic(format!(
+            "caching allocator: all_reduce of buffers of different sizes ({len} and {} bytes)",
+            other.len()
+        )));
+    }
+    if !len.is_multiple_of(dtype.size()) {
+        return Err(generic(format!(
+            "caching allocator: all_reduce of {len} bytes is not a whole number of {dtype:?}"
+        )));
+    }
+    let n = inputs.len();
+    let mean = matches!(op, ReduceOperation::Mean);
+    macro_rules! float {
+        ($t:ty, $to:expr, $from:expr) => {{
+            let size = size_of::<$t>();
+            let mut out = Vec::with_capacity(len);
+            for i in (0..len).step_by(size) {
+                let mut acc = 0f64;
+                for input in inputs {
+                    let value = <$t>::from_ne_bytes(input[i..i + size].try_into().unwrap());
+                    acc += $to(value);
+                }
+                if mean {
+                    acc /= n as f64;
+                }
+                let value: $t = $from(acc);
+                out.extend_from_slice(&value.to_ne_bytes());
+            }
+            out
+        }};
+    }
+    macro_rules! int {
+        ($t:ty) => {{
+            let size = size_of::<$t>();
+            let mut out = Vec::with_capacity(len);
+            for i in (0..len).step_by(size) {
+                let mut acc = 0i128;
+                for input in inputs {
+                    acc += <$t>::from_ne_bytes(input[i..i + size].try_into().unwrap()) as i128;
+                }
+                if mean {
+                    acc /= n as i128;
+                }
+                out.extend_from_slice(&(acc as $t).to_ne_bytes());
+            }
+            out
+        }};
+    }
+    use burn::tensor::{bf16, f16};
+    let out = match dtype {
+        ElemType::Float(FloatKind::F64) => float!(f64, |v: f64| v, |v: f64| v),
+        ElemType::Float(FloatKind::F32 | FloatKind::Flex32 | FloatKind::TF32) => {
+            float!(f32, f64::from, |v: f64| v as f32)
+        }
+        ElemType::Float(FloatKind::F16) => {
+            float!(f16, |v: f16| v.to_f64(), f16::from_f64)
+        }
+        ElemType::Float(FloatKind::BF16) => {
+            float!(bf16, |v: bf16| v.to_f64(), bf16::from_f64)
+        }
+        ElemType::Int(IntKind::I8) => int!(i8),
+        ElemType::Int(IntKind::I16) => int!(i16),
+        ElemType::Int(IntKind::I32) => int!(i32),
+        ElemType::Int(IntKind::I64) => int!(i64),
+        ElemType::UInt(UIntKind::U8) => int!(u8),
+        ElemType::UInt(UIntKind::U16) => int!(u16),
+        ElemType::UInt(UIntKind::U32) => int!(u32),
+        ElemType::UInt(UIntKind::U64) => int!(u64),
+        other => {
+            return Err(generic(format!(
+                "caching allocator: all_reduce of {other:?} elements is not supported"
+            )));
+        }
+    };
+    Ok(out)
+}
+
+/// A buffer's bytes as one contiguous run, for the server's `read` and `write`.
+fn bytes_of(binding: Binding, len: usize) -> CopyDescriptor {
+    CopyDescriptor::new(binding, [len].into(), [1].into(), 1)
+}
+
+impl<D: Driver> CachingServer<D> {
+    /// Reserves `size` bytes for `memory` on `stream` through the engine and binds them: what
+    /// `initialize_memory` does (which keeps the failure on the stream) and `recv` needs
+    /// (which returns it).
+    pub(super) fn reserve_bound(
+        &mut self,
+        memory: ManagedMemoryHandle,
+        size: u64,
+        stream: CubeStreamId,
+    ) -> Result<(), ServerError> {
+        // Memory other streams finished using may be handed out again now.
+        if let Err(err) = release_completed(&mut self.driver, &mut self.uses) {
+            log::error!("caching allocator: polling cross-stream uses failed: {err}");
+        }
+        let reserved = reserve::reserve(
+            &mut self.driver,
+            &mut self.streams,
+            &mut self.uses,
+            self.max_binding_size,
+            size,
+            stream,
+        )?;
+        let cursor = self.advance(stream);
+        self.streams
+            .get(&mut self.driver, stream)
+            .memory
+            .manager()
+            .bind(reserved, memory, cursor)
+            .map_err(ServerError::Io)
+    }
+
+    /// Reads a whole buffer on `stream`, after the work that produced it.
+    fn read_all(
+        &mut self,
+        desc: CopyDescriptor,
+        stream: CubeStreamId,
+    ) -> Result<Bytes, ServerError> {
+        block_on(self.read(vec![desc], stream))?
+            .pop()
+            .ok_or_else(|| generic("caching allocator: a read returned nothing".into()))
+    }
+
+    /// `recv`'s work once the bytes are here: the destination reserved, then written.
+    fn receive(
+        &mut self,
+        handle: &Handle,
+        parcel: Result<Bytes, ServerError>,
+        stream: CubeStreamId,
+    ) -> Result<(), ServerError> {
+        let data = parcel?;
+        if data.len() as u64 > handle.size() {
+            return Err(generic(format!(
+                "caching allocator: received {} bytes for a buffer of {} bytes",
+                data.len(),
+                handle.size()
+            )));
+        }
+        self.reserve_bound(handle.memory.clone(), handle.size(), stream)?;
+        let desc = bytes_of(handle.clone().binding(), data.len());
+        self.write_one(desc, &data, stream)
+    }
+}
+
+impl<D: Driver> ServerCommunication for CachingServer<D> {
+    const SERVER_COMM_ENABLED: bool = true;
+
+    fn comm_init(&mut self, device_ids: Vec<DeviceId>) -> Result<(), ServerError> {
+        let group = group_of(device_ids);
+        if !group.contains(&self.device) {
+            return Err(generic(format!(
+                "caching allocator: device {} cannot join the group {group:?} it is not in",
+                self.device
+            )));
+        }
+        self.comm.groups.insert(group);
+        Ok(())
+    }
+
+    fn sync_collective(&mut self, stream_id: CubeStreamId) -> Result<(), ServerError> {
+        // Transfers and all-reduces are complete on the host and written on their stream
+        // before they return: later work of the stream is ordered after them already. Start it.
+        let (driver, driver_stream) = self.split(stream_id);
+        if let Err(err) = driver.flush(driver_stream) {
+            self.push_error(stream_id, err);
+        }
+        Ok(())
+    }
+
+    fn send(
+        &mut self,
+        desc: CopyDescriptor,
+        _dtype: ElemType,
+        stream_id: CubeStreamId,
+        device_id_dst: DeviceId,
+    ) -> Result<(), ServerError> {
+        let route = Route {
+            src: self.device,
+            dst: device_id_dst,
+            stream: stream_id.value,
+        };
+        if !self.comm.connected(self.device, device_id_dst) {
+            let err = not_initialised(self.device, &[device_id_dst]);
+            // The peer may already wait in `recv`: it gets the error, not a hang.
+            POST.post(route, Err(err.clone()));
+            return Err(err);
+        }
+        let parcel = self.read_all(desc, stream_id);
+        POST.post(route, parcel);
+        Ok(())
+    }
+
+    fn recv(
+        &mut self,
+        handle: Handle,
+        _dtype: ElemType,
+        stream_id: CubeStreamId,
+        device_id_src: DeviceId,
+    ) -> Result<(), ServerError> {
+        if !self.comm.connected(self.device, device_id_src) {
+            return Err(not_initialised(self.device, &[device_id_src]));
+        }
+        let parcel = POST.collect(Route {
+            src: device_id_src,
+            dst: self.device,
+            stream: stream_id.value,
+        });
+        if let Err(err) = self.receive(&handle, parcel, stream_id) {
+            self.push_error(stream_id, err);
+        }
+        Ok(())
+    }
+
+    fn all_reduce(
+        &mut self,
+        src: Binding,
+        dst: Binding,
+        dtype: ElemType,
+        stream_id: CubeStreamId,
+        op: ReduceOperation,
+        device_ids: Vec<DeviceId>,
+    ) -> Result<(), ServerError> {
+        let group = group_of(device_ids);
+        if !group.contains(&self.device) || !self.comm.groups.contains(&group) {
+            return Err(not_initialised(self.device, &group));
+        }
+        let round = self.comm.next_round(&group);
+        let len = src.size_in_used() as usize;
+        let data = self
+            .read_all(bytes_of(src, len), stream_id)
+            .map(|bytes| bytes.to_vec());
+        let reduced = COLLECTIVES.all_reduce(&group, round, self.device, data, |inputs| {
+            reduce(dtype, &op, inputs)
+        });
+        let written = reduced.and_then(|data| {
+            if data.len() as u64 > dst.size_in_used() {
+                return Err(generic(format!(
+                    "caching allocator: all_reduce of {} bytes into a buffer of {} bytes",
+                    data.len(),
+                    dst.size_in_used()
+                )));
+            }
+            self.write_one(bytes_of(dst, data.len()), &data, stream_id)
+        });
+        if let Err(err) = written {
+            self.push_error(stream_id, err);
+        }
+        Ok(())
+    }
+}
