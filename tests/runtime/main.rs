@@ -2,8 +2,9 @@
 //!
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
-//! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `expandable_wgpu`, `history_wgpu`, `trace_wgpu`
-//!   (feature `wgpu`): Burn on `CachingWgpu`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
+//! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `configure_wgpu`, `expandable_wgpu`,
+//!   `history_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on `CachingWgpu` (fused) and
+//!   `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
 //! - `burn_mlp_cuda`, `cuda_launches`, `cuda_memory` (feature `cuda`): Burn on `CachingCuda`
 //!   and `CudaMemory` on a real CUDA device; ignored by default ("needs a CUDA device"), each
 //!   prints why it skips when run without one (`--include-ignored`).
@@ -12,9 +13,10 @@
 //! library one engine per device. The wgpu tests all use `WgpuDevice::Cpu` (the only device
 //! lavapipe offers), so `support::lavapipe::cpu_device` hands it out under a process-wide lock:
 //! they run one at a time, each leaves the device as it found it (cache emptied, memory
-//! fraction back to 1) and compares cumulative counters as deltas. `trace_wgpu` needs a
-//! variable set before its device first opens, so it runs in a child process of this binary
-//! (`support::child`). In the CUDA tests, `cuda_memory` opens its own `CudaMemory`; `burn_mlp_cuda`
+//! fraction back to 1) and compares cumulative counters as deltas. `trace_wgpu` and
+//! `configure_wgpu` need a device to open with a given configuration, so they run in a child
+//! process of this binary (`support::child`). In the CUDA tests, `cuda_memory` opens its own
+//! `CudaMemory`; `burn_mlp_cuda`
 //! and `cuda_launches` use the registered CUDA device one at a time (`burn_mlp_cuda::cuda_turn`).
 
 #[path = "../support/mod.rs"]
@@ -23,9 +25,13 @@ mod support;
 mod storage;
 
 #[cfg(feature = "wgpu")]
+mod burn_fused_wgpu;
+#[cfg(feature = "wgpu")]
 mod burn_mlp_wgpu;
 #[cfg(feature = "wgpu")]
 mod burn_oom_wgpu;
+#[cfg(feature = "wgpu")]
+mod configure_wgpu;
 #[cfg(feature = "wgpu")]
 mod expandable_wgpu;
 #[cfg(feature = "wgpu")]
