@@ -65,8 +65,9 @@ use streams::Streams;
 
 /// A CubeCL compute server over driver `D`, allocating through the caching engine.
 ///
-/// CubeCL creates one per device (`DeviceService::init`), reading `BURN_CACHING_ALLOC_CONF`
-/// and `BURN_CACHING_ALLOC_TRACE` then.
+/// CubeCL creates one per device (`DeviceService::init`), taking then the configuration
+/// `backend::configure` left for the device, else `BURN_CACHING_ALLOC_CONF`, and
+/// `BURN_CACHING_ALLOC_TRACE`.
 pub struct CachingServer<D: Driver> {
     driver: D,
     device: DeviceId,
