@@ -93,3 +93,47 @@ pub(crate) fn take_config<M: DeviceMemory>(device: DeviceId) -> Option<Allocator
     registry.opened.insert(key::<M>(device));
     registry.pending.remove(&key::<M>(device))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::sim::SimDevice;
+
+    fn device(index: u16) -> DeviceId {
+        // A device type no other test of this binary uses.
+        DeviceId::new(900, index)
+    }
+
+    #[test]
+    fn a_configuration_waits_for_its_device_and_is_taken_once() {
+        let first = AllocatorConfig::parse("max_split_size_mb:64").unwrap();
+        let second = AllocatorConfig::parse("max_split_size_mb:128").unwrap();
+        assert!(configure::<SimDevice>(device(0), first));
+        // Replaced before the device opens; another device keeps its own.
+        assert!(configure::<SimDevice>(device(0), second.clone()));
+        assert!(configure::<SimDevice>(
+            device(1),
+            AllocatorConfig::default()
+        ));
+        assert_eq!(take_config::<SimDevice>(device(0)), Some(second));
+        // Opening: too late for another configuration, and nothing left to take.
+        assert!(!configure::<SimDevice>(
+            device(0),
+            AllocatorConfig::default()
+        ));
+        assert_eq!(take_config::<SimDevice>(device(0)), None);
+        assert_eq!(
+            take_config::<SimDevice>(device(1)),
+            Some(AllocatorConfig::default())
+        );
+    }
+
+    #[test]
+    fn an_unconfigured_device_opens_with_nothing_taken_and_then_refuses() {
+        assert_eq!(take_config::<SimDevice>(device(2)), None);
+        assert!(!configure::<SimDevice>(
+            device(2),
+            AllocatorConfig::default()
+        ));
+    }
+}
