@@ -2,35 +2,58 @@
 //!
 //! ```ignore
 //! use burn::backend::Autodiff;
+//! use burn_caching_alloc::alloc::AllocatorConfig;
 //! use burn_caching_alloc::backend::{self, CachingWgpu};
 //!
 //! type B = Autodiff<CachingWgpu>;
 //! let device = burn::backend::wgpu::WgpuDevice::Cpu;
+//! // optional, before the device's first use:
+//! backend::configure(&device, AllocatorConfig::parse("max_split_size_mb:64")?)?;
 //! // ... train ...
 //! let stats = backend::memory_stats(&device);
 //! println!("{}", backend::memory_summary(&device));
 //! backend::empty_cache(&device);
 //! ```
 //!
-//! Every call reaches the allocator the device's server uses. Calls first wait until the
-//! server has run everything submitted before them, so the numbers include it.
+//! Every call reaches the allocator the device's server uses. Calls first drain the calling
+//! thread's fusion queue on that device (feature `fusion`) and wait until the server has run
+//! everything submitted before them, so the numbers include the user's last operation.
+//!
+//! # What "allocated" means
+//!
+//! As in PyTorch, `memory_allocated()`, `allocated_bytes.*`, `active_bytes.*`,
+//! `requested_bytes.*`, the summary's first rows, snapshots and the viewer describe what live
+//! tensors hold. CubeCL 0.10 tells which of its slices are free only to its own reclaim walk
+//! (and in aggregate through `memory_usage`); so every reading call (`memory_stats`,
+//! `memory_summary`, `memory_snapshot`, `dump_*`, `write_trace*`, `reset_peak_memory_stats`)
+//! first has the server hand CubeCL's free slices back to the engine. The engine's blocks are
+//! then exactly the live tensors' slices (and the server's own metadata scratch is dropped,
+//! to be reserved again by the next launch that needs it), and every current number of the
+//! engine is exact, per pool too. The handed-back slices stay reserved: they are free engine
+//! blocks ("cached in the engine"), and what CubeCL had cached is reported beside it
+//! ("cached in CubeCL", [`CachingMemoryStats::cached_in_cubecl`]). Nothing goes back to the
+//! device and no device allocation follows from it; CubeCL's exact-size reuse refills from the
+//! engine's cache. Peaks are the engine's and may include, between two reading calls, slices
+//! CubeCL had cached: an upper bound of the live tensors' peak (exact under
+//! `BURN_CACHING_ALLOC_TRACE`, which hands slices back before every reservation).
 
+mod configure;
+mod device;
 mod stats;
 
 pub use crate::runtime::CubeclLayerUsage;
+pub use configure::{ConfigureError, configure};
+pub use device::CachingDevice;
 pub use stats::CachingMemoryStats;
 
 use std::path::{Path, PathBuf};
 
-use cubecl_common::device::Device;
-use cubecl_runtime::client::ComputeClient;
 use cubecl_runtime::runtime::Runtime;
 
 use crate::alloc::inspect::{InspectError, ViewerLayer};
 use crate::alloc::{AllocError, ConfigError, HistoryOptions, Snapshot};
-use crate::device::DeviceMemory;
 use crate::runtime::env::TRACE_ENV;
-use crate::runtime::registry::{self, DeviceEntry};
+use device::{Settled, opened, settled};
 
 #[cfg(feature = "wgpu")]
 pub use crate::wgpu::CachingWgpuRuntime;
@@ -77,75 +100,63 @@ pub type CachingCuda<F = f32, I = i32, B = u8> = CachingCudaUnfused<F, I, B>;
 pub type CachingCudaUnfused<F = f32, I = i32, B = u8> =
     burn_cubecl::CubeBackend<CachingCudaRuntime, F, I, B>;
 
-/// A device type the caching runtimes open.
-pub trait CachingDevice: Device {
-    /// The runtime whose servers run on this device type.
-    type Runtime: Runtime<Device = Self>;
-    /// The engine's device memory on this device type.
-    type Memory: DeviceMemory;
-}
-
-#[cfg(feature = "wgpu")]
-impl CachingDevice for cubecl_wgpu::WgpuDevice {
-    type Runtime = CachingWgpuRuntime;
-    type Memory = crate::wgpu::WgpuMemory;
-}
-
-#[cfg(feature = "cuda")]
-impl CachingDevice for cubecl_cuda::CudaDevice {
-    type Runtime = CachingCudaRuntime;
-    type Memory = crate::cuda::CudaMemory;
-}
-
-/// Opens `device` if needed, waits for the work submitted so far, and returns its entry.
-fn settled<Dev: CachingDevice>(
-    device: &Dev,
-) -> (ComputeClient<Dev::Runtime>, DeviceEntry<Dev::Memory>) {
-    let client = Dev::Runtime::client(device);
-    // A blocking round trip through the server: everything submitted before has run, and the
-    // CubeCL-layer numbers in the registry are fresh.
-    if let Err(err) = client.memory_usage() {
-        log::warn!("caching allocator: memory_usage failed: {err}");
-    }
-    let entry = registry::lookup::<Dev::Memory>(device.to_id()).unwrap_or_else(|| {
-        panic!(
-            "caching allocator: {device:?} was opened by a server that did not register its \
-             allocator"
-        )
-    });
-    (client, entry)
-}
-
 /// Statistics of `device` (PyTorch's `torch.cuda.memory_stats`, plus CubeCL's layer).
 pub fn memory_stats<Dev: CachingDevice>(device: &Dev) -> CachingMemoryStats {
-    let (_, entry) = settled(device);
-    let engine = entry.allocator.stats();
-    let info = entry.allocator.device_memory_info();
-    let device_info = info.unwrap_or(crate::device::MemoryInfo { free: 0, total: 0 });
-    let cubecl = *entry.cubecl.lock();
+    stats_of(settled(device))
+}
+
+fn stats_of<M: crate::device::DeviceMemory>(settled: Settled<M>) -> CachingMemoryStats {
+    let allocator = &settled.entry.allocator;
+    let device = allocator
+        .device_memory_info()
+        .unwrap_or(crate::device::MemoryInfo { free: 0, total: 0 });
     CachingMemoryStats {
-        engine,
-        cubecl,
-        device: device_info,
+        engine: allocator.stats(),
+        cubecl: settled.cubecl,
+        device,
     }
+}
+
+/// Bytes of `device`'s live tensors' blocks (PyTorch's `torch.cuda.memory_allocated`).
+pub fn memory_allocated<Dev: CachingDevice>(device: &Dev) -> u64 {
+    memory_stats(device).memory_allocated()
+}
+
+/// Peak of [`memory_allocated`] since the last [`reset_peak_memory_stats`] (PyTorch's
+/// `max_memory_allocated`; see the module docs for what the peak covers).
+pub fn max_memory_allocated<Dev: CachingDevice>(device: &Dev) -> u64 {
+    memory_stats(device).max_memory_allocated()
+}
+
+/// Bytes of `device`'s segments (PyTorch's `torch.cuda.memory_reserved`).
+pub fn memory_reserved<Dev: CachingDevice>(device: &Dev) -> u64 {
+    memory_stats(device).memory_reserved()
+}
+
+/// Peak of [`memory_reserved`] since the last [`reset_peak_memory_stats`].
+pub fn max_memory_reserved<Dev: CachingDevice>(device: &Dev) -> u64 {
+    memory_stats(device).max_memory_reserved()
 }
 
 /// A human-readable table of `device`'s memory (PyTorch's `memory_summary`), with a line for
 /// each layer's cache.
 pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
-    let stats = memory_stats(device);
-    let (_, entry) = settled(device);
+    let settled = settled(device);
+    let table = settled.entry.allocator.summary();
+    let stats = stats_of(settled);
     let c = &stats.cubecl;
     format!(
-        "{}\nCubeCL layer: {} live slices, {} B of live tensors, {} B cached in free slices \
-         (exact-size reuse, {} reservations served from them), {} reclaims (+{} before placing \
-         a new size, +{} after a productive walk, +{} on growth of reserved memory, {} skipped, \
-         {} after out-of-memory)\nEngine layer: {} B reserved in segments, {} B cached in free \
-         blocks\n",
-        entry.allocator.summary(),
-        c.live_slices,
+        "{table}\nLive tensors: {} B in {} slices ({} B of blocks, the \"Allocated memory\" row). \
+         Reserved but not allocated: {} B cached in the engine's free blocks, of which {} B \
+         CubeCL had cached in free slices for exact-size reuse until this call handed them \
+         back.\nCubeCL layer: {} reservations served from its free slices, {} reclaims (+{} \
+         before placing a new size, +{} after a productive walk, +{} on growth of reserved \
+         memory, {} skipped, {} after out-of-memory)\n",
         c.live_bytes,
-        c.cached_bytes(),
+        c.live_slices,
+        stats.memory_allocated(),
+        stats.cached_in_engine(),
+        stats.cached_in_cubecl(),
         c.reclaim.pool_hits,
         c.reclaim.reclaims,
         c.reclaim.placement_reclaims,
@@ -153,28 +164,35 @@ pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
         c.reclaim.growth_reclaims,
         c.reclaim.skipped_reclaims,
         c.reclaim.oom_reclaims,
-        stats.memory_reserved(),
-        stats.cached_in_engine(),
     )
 }
 
-/// Every segment and block of `device`'s engine (PyTorch's `memory_snapshot`).
+/// Every segment and block of `device`'s engine (PyTorch's `memory_snapshot`); CubeCL's free
+/// slices are free blocks in it.
 pub fn memory_snapshot<Dev: CachingDevice>(device: &Dev) -> Snapshot {
-    settled(device).1.allocator.snapshot()
+    settled(device).entry.allocator.snapshot()
 }
 
 /// Returns every cached byte of both layers to the device: free CubeCL slices go back to the
 /// engine, then the engine frees every segment with no live block (PyTorch's `empty_cache`).
 /// Burn's `B::memory_cleanup(&device)` does the same.
 pub fn empty_cache<Dev: CachingDevice>(device: &Dev) {
-    let client = Dev::Runtime::client(device);
-    client.memory_cleanup();
-    settled(device);
+    opened(device);
+    Dev::Runtime::client(device).memory_cleanup();
+    opened(device);
 }
 
-/// Sets every peak statistic of `device` to its current value.
+/// Sets every peak statistic of `device` to its current value (PyTorch's
+/// `reset_peak_memory_stats`).
 pub fn reset_peak_memory_stats<Dev: CachingDevice>(device: &Dev) {
-    settled(device).1.allocator.reset_peak_stats();
+    settled(device).entry.allocator.reset_peak_stats();
+}
+
+/// Zeroes every cumulative statistic of `device`: the `allocated`/`freed` totals and the
+/// counters (`num_ooms`, `num_device_alloc`, ...) (PyTorch's
+/// `reset_accumulated_memory_stats`).
+pub fn reset_accumulated_memory_stats<Dev: CachingDevice>(device: &Dev) {
+    settled(device).entry.allocator.reset_accumulated_stats();
 }
 
 /// Caps `device`'s reserved memory at `fraction` of its total: allocations that would go above
@@ -183,7 +201,7 @@ pub fn set_per_process_memory_fraction<Dev: CachingDevice>(
     device: &Dev,
     fraction: f64,
 ) -> Result<(), ConfigError> {
-    settled(device).1.allocator.set_memory_fraction(fraction)
+    opened(device).allocator.set_memory_fraction(fraction)
 }
 
 /// Why a trace could not be written.
@@ -208,7 +226,7 @@ pub fn write_trace<Dev: CachingDevice>(device: &Dev) -> Result<PathBuf, TraceErr
 
 /// Writes `device`'s engine trace (JSON) to `path`, gzipped when `path` ends in `.gz`.
 pub fn write_trace_to<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(), TraceError> {
-    Ok(settled(device).1.allocator.trace().write_file(path)?)
+    Ok(settled(device).entry.allocator.trace().write_file(path)?)
 }
 
 /// Starts recording `device`'s history with `options`, or stops with
@@ -220,7 +238,10 @@ pub fn write_trace_to<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(
 /// CubeCL slice is reused for one of exactly the same size makes no engine event (set
 /// `BURN_CACHING_ALLOC_TRACE` before the device opens to hand every freed slice back).
 pub fn record_memory_history<Dev: CachingDevice>(device: &Dev, options: HistoryOptions) {
-    settled(device).1.allocator.record_memory_history(options);
+    settled(device)
+        .entry
+        .allocator
+        .record_memory_history(options);
 }
 
 /// Writes `device`'s segments, blocks and history as a PyTorch-format pickle (PyTorch's
@@ -230,7 +251,7 @@ pub fn dump_snapshot<Dev: CachingDevice>(
     device: &Dev,
     path: impl AsRef<Path>,
 ) -> Result<(), InspectError> {
-    settled(device).1.allocator.dump_snapshot(path)
+    settled(device).entry.allocator.dump_snapshot(path)
 }
 
 /// Writes the offline viewer of `device`'s memory to `path`: one self-contained HTML file
@@ -239,19 +260,22 @@ pub fn dump_html<Dev: CachingDevice>(
     device: &Dev,
     path: impl AsRef<Path>,
 ) -> Result<(), InspectError> {
-    let stats = memory_stats(device);
-    let (_, entry) = settled(device);
+    let settled = settled(device);
+    let allocator = settled.entry.allocator.clone();
+    let stats = stats_of(settled);
     let layers = [
         ViewerLayer {
             name: "CubeCL layer: bytes of live tensors".into(),
-            bytes: stats.cubecl.live_bytes,
+            bytes: stats.tensor_bytes(),
         },
         ViewerLayer {
-            name: "CubeCL layer: cached in free slices".into(),
-            bytes: stats.cubecl.cached_bytes(),
+            name: "CubeCL layer: cached in free slices (now free engine blocks: reserved, not \
+                   allocated)"
+                .into(),
+            bytes: stats.cached_in_cubecl(),
         },
     ];
-    entry.allocator.dump_html_with_layers(path, &layers)
+    allocator.dump_html_with_layers(path, &layers)
 }
 
 /// Runs `observer` with the error once every time one of `device`'s allocations fails for
@@ -263,5 +287,13 @@ pub fn on_out_of_memory<Dev: CachingDevice>(
     device: &Dev,
     observer: impl Fn(&AllocError) + Send + Sync + 'static,
 ) {
-    settled(device).1.allocator.on_out_of_memory(observer);
+    opened(device).allocator.on_out_of_memory(observer);
+}
+
+/// Writes a PyTorch-format snapshot of `device` to `path` at its next out-of-memory (with the
+/// history and stacks when they are recorded), once; `None` stops it. The same as
+/// `BURN_CACHING_ALLOC_OOM_SNAPSHOT`, set from code (and the allocator's
+/// `dump_snapshot_on_oom`).
+pub fn dump_snapshot_on_oom<Dev: CachingDevice>(device: &Dev, path: Option<PathBuf>) {
+    opened(device).allocator.dump_snapshot_on_oom(path);
 }

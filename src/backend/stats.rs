@@ -1,4 +1,4 @@
-//! What `memory_stats(&device)` returns: the engine's PyTorch statistics plus CubeCL's layer.
+//! What `memory_stats(&device)` returns: PyTorch's statistics plus CubeCL's layer.
 
 use std::collections::BTreeMap;
 
@@ -9,24 +9,37 @@ use crate::runtime::CubeclLayerUsage;
 /// Memory statistics of one device, with PyTorch's meanings.
 ///
 /// Two layers hold memory (see the crate README): CubeCL's persistent pool keeps freed slices
-/// for the next tensor of the same size, and the engine owns the device segments. Each layer's
-/// cache is reported under its own name.
+/// for the next tensor of the same size, and the engine owns the device segments. Before
+/// these numbers are read, CubeCL's free slices are handed back to the engine, so the engine's
+/// statistics ([`Self::engine`]) are PyTorch's: "allocated" is what live tensors hold, and
+/// the slices CubeCL had cached are reserved, cached engine blocks.
 #[derive(Clone, Debug)]
 pub struct CachingMemoryStats {
-    /// The engine's full PyTorch statistics (allocation, segment, active, ..., each current,
-    /// peak, allocated, freed, for all/small/large pools). The engine's "allocated" includes the
-    /// slices CubeCL keeps cached.
+    /// PyTorch's full statistics (allocation, segment, active, ..., each current, peak,
+    /// allocated, freed, for all/small/large pools), as the engine keeps them, read after
+    /// CubeCL's free slices were handed back: `allocated_bytes.*.current` and
+    /// `active_bytes.*.current` are the live tensors' blocks, `requested_bytes.*.current` the
+    /// bytes they asked for. Peaks are the engine's: between two reads they may include slices
+    /// CubeCL had cached (an upper bound of the live tensors' peak).
     pub engine: MemoryStats,
-    /// CubeCL's persistent pools, summed over streams.
+    /// CubeCL's persistent pools, summed over streams, as they were when the call was made
+    /// (before the hand-back: [`CubeclLayerUsage::cached_bytes`] is what CubeCL had cached).
     pub cubecl: CubeclLayerUsage,
     /// Free and total bytes as the device reports them.
     pub device: MemoryInfo,
 }
 
 impl CachingMemoryStats {
-    /// Bytes of live tensors (PyTorch's `memory_allocated`).
+    /// Bytes of live tensors' blocks (PyTorch's `memory_allocated`, the same number as
+    /// `allocated_bytes.all.current`).
     pub fn memory_allocated(&self) -> u64 {
-        self.cubecl.live_bytes
+        self.engine.memory_allocated()
+    }
+
+    /// Peak of [`Self::memory_allocated`] since the last `reset_peak_memory_stats` (PyTorch's
+    /// `max_memory_allocated`; see [`Self::engine`] for what the peak covers).
+    pub fn max_memory_allocated(&self) -> u64 {
+        self.engine.max_memory_allocated()
     }
 
     /// Bytes of the engine's device segments (PyTorch's `memory_reserved`).
@@ -39,20 +52,30 @@ impl CachingMemoryStats {
         self.engine.max_memory_reserved()
     }
 
-    /// Bytes in free CubeCL slices: kept for the next tensor of exactly the same size.
+    /// Bytes the live tensors asked CubeCL for (CubeCL's `bytes_in_use`, before alignment and
+    /// the engine's 512-byte rounding).
+    pub fn tensor_bytes(&self) -> u64 {
+        self.cubecl.live_bytes
+    }
+
+    /// Bytes CubeCL held in free slices when the call was made (kept for the next tensor of
+    /// exactly the same size; counted as CubeCL counts them, before the engine's 512-byte
+    /// rounding). The call handed them to the engine: they are now part of
+    /// [`Self::cached_in_engine`], reserved and not allocated.
     pub fn cached_in_cubecl(&self) -> u64 {
         self.cubecl.cached_bytes()
     }
 
-    /// Bytes in free engine blocks: placed by PyTorch's rules for any later request.
+    /// Reserved bytes no live tensor uses: free engine blocks, placed by PyTorch's rules for
+    /// any later request (`memory_reserved - memory_allocated`).
     pub fn cached_in_engine(&self) -> u64 {
         self.engine
             .memory_reserved()
             .saturating_sub(self.engine.memory_allocated())
     }
 
-    /// Every number by name: the engine's PyTorch names (`allocated_bytes.all.current`, ...),
-    /// then `cubecl.*`, `device.*` and the layer totals.
+    /// Every number by name: PyTorch's names (`allocated_bytes.all.current`, ...), then
+    /// `cubecl.*` (CubeCL's layer before the hand-back), `device.*` and the layer totals.
     pub fn to_map(&self) -> BTreeMap<String, i64> {
         let mut map = self.engine.to_map();
         let c = &self.cubecl;
@@ -76,7 +99,10 @@ impl CachingMemoryStats {
             ("device.free", self.device.free),
             ("device.total", self.device.total),
             ("memory_allocated", self.memory_allocated()),
+            ("max_memory_allocated", self.max_memory_allocated()),
             ("memory_reserved", self.memory_reserved()),
+            ("max_memory_reserved", self.max_memory_reserved()),
+            ("tensor_bytes", self.tensor_bytes()),
             ("cached_in_cubecl", self.cached_in_cubecl()),
             ("cached_in_engine", self.cached_in_engine()),
         ] {

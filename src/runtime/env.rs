@@ -1,7 +1,8 @@
 //! The environment variables a caching server reads when CubeCL opens its device.
 //!
 //! - `BURN_CACHING_ALLOC_CONF`: the engine's configuration string (PyTorch's
-//!   `PYTORCH_CUDA_ALLOC_CONF` keys), for every device opened;
+//!   `PYTORCH_CUDA_ALLOC_CONF` keys), for every device opened without a configuration given in
+//!   code (`backend::configure`, which takes precedence);
 //! - `BURN_CACHING_ALLOC_TRACE=path`: records the engine's history (and hands every freed CubeCL
 //!   slice back to the engine before the next reservation, so the trace holds every tensor);
 //!   `backend::write_trace` writes it to `path`. Set but empty, it names no file: a warning,
@@ -44,13 +45,19 @@ fn trace_path_from(value: Option<std::ffi::OsString>) -> Option<std::path::PathB
     }
 }
 
-/// The engine configuration every device starts with: `BURN_CACHING_ALLOC_CONF`, with history
-/// recording on when `BURN_CACHING_ALLOC_TRACE` is set.
-pub(crate) fn config_from_env() -> Result<AllocatorConfig, DriverError> {
-    let mut config = AllocatorConfig::from_env().map_err(|source| DriverError::Config {
-        var: CONFIG_ENV,
-        source,
-    })?;
+/// The engine configuration a device starts with: `configured` (given in code before the device
+/// opened) if any, else `BURN_CACHING_ALLOC_CONF` (not read at all when `configured` is given);
+/// either way with history recording on when `BURN_CACHING_ALLOC_TRACE` names a path.
+pub(crate) fn startup_config(
+    configured: Option<AllocatorConfig>,
+) -> Result<AllocatorConfig, DriverError> {
+    let mut config = match configured {
+        Some(config) => config,
+        None => AllocatorConfig::from_env().map_err(|source| DriverError::Config {
+            var: CONFIG_ENV,
+            source,
+        })?,
+    };
     if trace_path().is_some() {
         config.record_history = true;
     }

@@ -10,7 +10,9 @@
 //!    (small/large pools, best fit, split, coalesce) in segments it owns.
 //!
 //! Free slices go back to the engine ([`StreamMemory::reclaim`]) before the engine would grow,
-//! on `memory_cleanup`/`empty_cache`, and on the out-of-memory path.
+//! on `memory_cleanup`/`empty_cache`, on the out-of-memory path, and before the user API reads
+//! the numbers ([`CachingServer::hand_back_free_slices`], so that "allocated" is what live
+//! tensors hold).
 //!
 //! What is public here is what someone needs to put the engine under CubeCL's memory
 //! management in a server of their own: [`EngineStorage`] and [`persistent_manager`] (the
@@ -23,7 +25,8 @@
 //! Files: `storage` (the `ComputeStorage`), `stream_memory` (one stream's manager and its
 //! reclaim policy), `server/` (the `ComputeServer`, one file per concern), `driver` (the trait
 //! a device API implements), `error` (typed driver errors), `env` (the environment variables
-//! read when a device opens), `registry` (where the user API finds a device's allocator).
+//! read when a device opens), `registry` (where the user API finds a device's allocator, and
+//! the configurations given in code for devices not yet open).
 
 mod storage;
 mod stream_memory;

@@ -1,18 +1,23 @@
-//! Where the user API finds the allocator a server uses: one entry per opened device.
+//! Where the user API finds the allocator a server uses: one entry per opened device, and the
+//! configurations given in code for devices not opened yet.
 //!
 //! A server registers its engine when CubeCL opens the device; `memory_stats(&device)` and the
 //! other user calls look it up by device id and memory type. The entry also carries the
 //! per-layer numbers the server computed at its last `memory_usage` call.
+//!
+//! `backend::configure` leaves a configuration here for a device that is not open; the server
+//! takes it when CubeCL opens the device ([`take_config`]). Both happen under one lock, so a
+//! configuration is either taken by the opening server or refused as too late, never lost.
 
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use cubecl_common::device::DeviceId;
 use parking_lot::Mutex;
 
 use super::server::CubeclLayerUsage;
-use crate::alloc::CachingAllocator;
+use crate::alloc::{AllocatorConfig, CachingAllocator};
 use crate::device::DeviceMemory;
 
 /// What the registry keeps for one device.
@@ -34,23 +39,101 @@ impl<M: DeviceMemory> Clone for DeviceEntry<M> {
 
 type Key = (TypeId, DeviceId);
 
-fn entries() -> &'static Mutex<HashMap<Key, Box<dyn Any + Send + Sync>>> {
-    static ENTRIES: OnceLock<Mutex<HashMap<Key, Box<dyn Any + Send + Sync>>>> = OnceLock::new();
-    ENTRIES.get_or_init(Default::default)
+#[derive(Default)]
+struct Registry {
+    entries: HashMap<Key, Box<dyn Any + Send + Sync>>,
+    /// Devices a server started to open (configurations for them come too late).
+    opened: HashSet<Key>,
+    /// Configurations given in code, waiting for their device to open.
+    pending: HashMap<Key, AllocatorConfig>,
+}
+
+fn registry() -> &'static Mutex<Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+fn key<M: DeviceMemory>(device: DeviceId) -> Key {
+    (TypeId::of::<M>(), device)
 }
 
 /// Records the entry of `device` (a server calls this when it opens the device).
 pub(crate) fn register<M: DeviceMemory>(device: DeviceId, entry: DeviceEntry<M>) {
-    entries()
-        .lock()
-        .insert((TypeId::of::<M>(), device), Box::new(entry));
+    let mut registry = registry().lock();
+    registry.opened.insert(key::<M>(device));
+    registry.entries.insert(key::<M>(device), Box::new(entry));
 }
 
 /// The entry of `device`, if a server with memory type `M` opened it.
 pub(crate) fn lookup<M: DeviceMemory>(device: DeviceId) -> Option<DeviceEntry<M>> {
-    entries()
+    registry()
         .lock()
-        .get(&(TypeId::of::<M>(), device))
+        .entries
+        .get(&key::<M>(device))
         .and_then(|entry| entry.downcast_ref::<DeviceEntry<M>>())
         .cloned()
+}
+
+/// Leaves `config` for `device`, to be taken when it opens; `false` (and nothing left) when a
+/// server with memory type `M` already opened it or is opening it. A second call before the
+/// device opens replaces the first configuration.
+pub(crate) fn configure<M: DeviceMemory>(device: DeviceId, config: AllocatorConfig) -> bool {
+    let mut registry = registry().lock();
+    if registry.opened.contains(&key::<M>(device)) {
+        return false;
+    }
+    registry.pending.insert(key::<M>(device), config);
+    true
+}
+
+/// Marks `device` as opening and takes the configuration left for it, if any (the server
+/// calls this first thing when CubeCL opens the device).
+pub(crate) fn take_config<M: DeviceMemory>(device: DeviceId) -> Option<AllocatorConfig> {
+    let mut registry = registry().lock();
+    registry.opened.insert(key::<M>(device));
+    registry.pending.remove(&key::<M>(device))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::sim::SimDevice;
+
+    fn device(index: u16) -> DeviceId {
+        // A device type no other test of this binary uses.
+        DeviceId::new(900, index)
+    }
+
+    #[test]
+    fn a_configuration_waits_for_its_device_and_is_taken_once() {
+        let first = AllocatorConfig::parse("max_split_size_mb:64").unwrap();
+        let second = AllocatorConfig::parse("max_split_size_mb:128").unwrap();
+        assert!(configure::<SimDevice>(device(0), first));
+        // Replaced before the device opens; another device keeps its own.
+        assert!(configure::<SimDevice>(device(0), second.clone()));
+        assert!(configure::<SimDevice>(
+            device(1),
+            AllocatorConfig::default()
+        ));
+        assert_eq!(take_config::<SimDevice>(device(0)), Some(second));
+        // Opening: too late for another configuration, and nothing left to take.
+        assert!(!configure::<SimDevice>(
+            device(0),
+            AllocatorConfig::default()
+        ));
+        assert_eq!(take_config::<SimDevice>(device(0)), None);
+        assert_eq!(
+            take_config::<SimDevice>(device(1)),
+            Some(AllocatorConfig::default())
+        );
+    }
+
+    #[test]
+    fn an_unconfigured_device_opens_with_nothing_taken_and_then_refuses() {
+        assert_eq!(take_config::<SimDevice>(device(2)), None);
+        assert!(!configure::<SimDevice>(
+            device(2),
+            AllocatorConfig::default()
+        ));
+    }
 }

@@ -48,8 +48,8 @@ fn out_of_memory_reaches_burn_with_the_allocators_numbers_and_the_server_recover
         "the freed tensor was real"
     );
 
-    // Before the failing request: the freed tensor's slice is cached in CubeCL (allocated in
-    // the engine), and the engine reserves both tensors' segments.
+    // Before the failing request: the freed tensor's slice was cached in CubeCL (reading the
+    // stats hands it to the engine's cache), and the engine reserves both tensors' segments.
     let ready = backend::memory_stats(&device);
     assert!(
         ready.cached_in_cubecl() >= 24 * MIB,
@@ -88,7 +88,7 @@ fn out_of_memory_reaches_burn_with_the_allocators_numbers_and_the_server_recover
         "the server reclaimed before failing: {:?}",
         stats.cubecl.reclaim
     );
-    // The server handed CubeCL's free slices back to the engine...
+    // CubeCL's free slices are back in the engine...
     assert!(
         stats.cached_in_cubecl() < 24 * MIB,
         "CubeCL still caches the freed slice: {:?}",

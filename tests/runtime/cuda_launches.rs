@@ -1,4 +1,5 @@
-//! Launches on `CachingCuda` on a real CUDA device: once warm, kernels with scalars, static and
+//! Launches on `CachingCudaUnfused` on a real CUDA device (unfused, so that every operation is
+//! its own launch through the server's metadata path): once warm, kernels with scalars, static and
 //! dynamic metadata (strided tensors) allocate no device memory, and compute the right values
 //! (the metadata reaches the kernel: by value as a grid constant from sm_70, the shapes and
 //! strides through the stream's scratch). Ignored by default ("needs a CUDA device");
@@ -6,16 +7,14 @@
 
 use burn::backend::cuda::CudaDevice;
 use burn::tensor::{Tensor, TensorData};
-use burn_caching_alloc::backend::{self, CachingCuda};
+use burn_caching_alloc::backend::{self, CachingCudaUnfused};
 
 use crate::burn_mlp_cuda::cuda_turn;
 
+type B = CachingCudaUnfused;
+
 /// One step: a strided (transposed) operand, a scalar, an addition; returns the result.
-fn step(
-    x: &Tensor<CachingCuda, 2>,
-    acc: Tensor<CachingCuda, 2>,
-    scale: f32,
-) -> Tensor<CachingCuda, 2> {
+fn step(x: &Tensor<B, 2>, acc: Tensor<B, 2>, scale: f32) -> Tensor<B, 2> {
     acc.mul_scalar(0.5) + x.clone().transpose().mul_scalar(scale)
 }
 
@@ -28,9 +27,8 @@ fn warm_launches_allocate_no_device_memory_and_compute_right() {
     let device = CudaDevice::default();
     let (rows, cols) = (48, 80);
     let values: Vec<f32> = (0..rows * cols).map(|i| (i % 17) as f32).collect();
-    let x =
-        Tensor::<CachingCuda, 2>::from_data(TensorData::new(values.clone(), [rows, cols]), &device);
-    let mut acc = Tensor::<CachingCuda, 2>::zeros([cols, rows], &device);
+    let x = Tensor::<B, 2>::from_data(TensorData::new(values.clone(), [rows, cols]), &device);
+    let mut acc = Tensor::<B, 2>::zeros([cols, rows], &device);
     // Warm up: kernels compiled, the metadata scratch and the tensors' sizes cached.
     for _ in 0..5 {
         acc = step(&x, acc, 1.0);

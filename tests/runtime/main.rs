@@ -3,9 +3,9 @@
 //! - `faults`: dropped stream memory and a poisoned engine at the runtime layer;
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
-//! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `oom_observers_wgpu`, `expandable_wgpu`, `history_wgpu`,
-//!   `trace_wgpu`
-//!   (feature `wgpu`): Burn on `CachingWgpu`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
+//! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `configure_wgpu`, `expandable_wgpu`,
+//!   `history_wgpu`, `oom_observers_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on `CachingWgpu`
+//!   (fused) and `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
 //! - `multi_device_wgpu` (feature `wgpu`): two caching devices in one process (`Cpu` and
 //!   `DefaultDevice`, both lavapipe in CI), tensors moved between them;
 //!   `multi_device_train_wgpu`: data-parallel training across the two, against one device;
@@ -21,9 +21,10 @@
 //! library one engine per device. The wgpu tests all use `WgpuDevice::Cpu` (the only device
 //! lavapipe offers), so `support::lavapipe::cpu_device` hands it out under a process-wide lock:
 //! they run one at a time, each leaves the device as it found it (cache emptied, memory
-//! fraction back to 1) and compares cumulative counters as deltas. `trace_wgpu` needs a
-//! variable set before its device first opens, so it runs in a child process of this binary
-//! (`support::child`). In the CUDA tests, `cuda_memory` opens its own `CudaMemory`; `burn_mlp_cuda`
+//! fraction back to 1) and compares cumulative counters as deltas. `trace_wgpu` and
+//! `configure_wgpu` need a device to open with a given configuration, so they run in a child
+//! process of this binary (`support::child`). In the CUDA tests, `cuda_memory` opens its own
+//! `CudaMemory`; `burn_mlp_cuda`
 //! and `cuda_launches` use the registered CUDA device one at a time (`burn_mlp_cuda::cuda_turn`).
 
 #[path = "../support/mod.rs"]
@@ -35,9 +36,13 @@ mod storage;
 mod multi_device_one;
 
 #[cfg(feature = "wgpu")]
+mod burn_fused_wgpu;
+#[cfg(feature = "wgpu")]
 mod burn_mlp_wgpu;
 #[cfg(feature = "wgpu")]
 mod burn_oom_wgpu;
+#[cfg(feature = "wgpu")]
+mod configure_wgpu;
 #[cfg(feature = "wgpu")]
 mod expandable_wgpu;
 #[cfg(feature = "wgpu")]

@@ -99,6 +99,48 @@ impl fmt::Display for BackendChoice {
     }
 }
 
+/// Whether the backend fuses kernels (Burn's `Fusion<CubeBackend<..>>`, the default of a Burn
+/// user's `Cuda`/`Wgpu`) or runs every operation as its own kernel (the plain `CubeBackend`).
+/// Both sides of `--compare` use the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fusion {
+    /// `Fusion<CubeBackend<..>>`: Burn's stock `Wgpu`/`Cuda` with default features, and
+    /// `CachingWgpu`/`CachingCuda` (needs this crate's `fusion` feature, on by default).
+    Fused,
+    /// The plain `CubeBackend`: Burn's backends without their `fusion` feature, and
+    /// `CachingWgpuUnfused`/`CachingCudaUnfused`.
+    Unfused,
+}
+
+impl Fusion {
+    /// Fused when the `fusion` feature is compiled in (as Burn's defaults are), else unfused.
+    pub fn default_for_build() -> Fusion {
+        if cfg!(feature = "fusion") {
+            Fusion::Fused
+        } else {
+            Fusion::Unfused
+        }
+    }
+
+    /// The name a run on `choice` with this fusion setting goes by: `wgpu`, `caching-wgpu`
+    /// when fused, `wgpu-unfused`, `caching-wgpu-unfused` when not.
+    pub fn run_name(self, choice: BackendChoice) -> String {
+        match self {
+            Fusion::Fused => choice.name().to_string(),
+            Fusion::Unfused => format!("{}-unfused", choice.name()),
+        }
+    }
+
+    /// Why this setting cannot run in this build, if it cannot.
+    pub fn unavailable_reason(self) -> Option<String> {
+        (self == Fusion::Fused && !cfg!(feature = "fusion")).then(|| {
+            "fused backends need the `fusion` feature (on by default): rebuild with it, or pass \
+             --unfused"
+                .to_string()
+        })
+    }
+}
+
 /// An unknown backend name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown backend {0:?}; expected one of auto, caching-cuda, cuda, caching-wgpu, wgpu")]

@@ -29,7 +29,7 @@ pub mod run;
 pub mod timeline;
 pub mod train;
 
-pub use backend_choice::BackendChoice;
+pub use backend_choice::{BackendChoice, Fusion};
 pub use dataset::{MnistSet, Split};
 pub use model::ModelKind;
 pub use probe::{AllocatorCounters, AllocatorProbe, MemoryPoint, MemoryProbe, MemoryTotals};

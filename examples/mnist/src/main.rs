@@ -29,7 +29,8 @@ use mnist::dataset::{MnistSet, Split, default_data_dir};
 use mnist::progress::EpochProgress;
 use mnist::timeline::{TimelineRun, write_timeline_svg};
 use mnist::{
-    BackendChoice, MemoryDumps, ModelKind, RunOutcome, TrainConfig, TrainReport, train_on_with,
+    BackendChoice, Fusion, MemoryDumps, ModelKind, RunOutcome, TrainConfig, TrainReport,
+    train_on_with,
 };
 
 /// Train a Burn model on MNIST and report what the allocator did.
@@ -71,9 +72,15 @@ struct Args {
     #[arg(long)]
     timeline: Option<PathBuf>,
     /// Train on the stock backend, then on the caching one (same seed and
-    /// batches), and print both side by side.
+    /// batches), and print both side by side. Both are fused (Burn's default `Wgpu`/`Cuda`
+    /// against `CachingWgpu`/`CachingCuda`) unless --unfused is given.
     #[arg(long)]
     compare: bool,
+    /// Train on the unfused backends (the plain `CubeBackend`s: Burn's without its `fusion`
+    /// feature, and `CachingWgpuUnfused`/`CachingCudaUnfused`); both sides of --compare.
+    /// Builds without the `fusion` feature train unfused anyway.
+    #[arg(long)]
+    unfused: bool,
     /// Record the allocator's history and write a PyTorch-format snapshot here at the end
     /// (open it in pytorch.org/memory_viz or `python torch/cuda/_memory_viz.py`).
     #[arg(long, value_name = "PATH")]
@@ -131,8 +138,17 @@ fn run(args: Args) -> Result<(), String> {
     } else {
         vec![args.backend.resolve(cuda_present)]
     };
+    let fusion = if args.unfused {
+        Fusion::Unfused
+    } else {
+        Fusion::default_for_build()
+    };
     // Refuse a backend that cannot run here before loading anything.
-    if let Some(reason) = choices.iter().find_map(|&c| unavailable_reason(c)) {
+    if let Some(reason) = choices
+        .iter()
+        .find_map(|&c| unavailable_reason(c))
+        .or_else(|| fusion.unavailable_reason())
+    {
         return Err(reason);
     }
     if (args.memory_snapshot.is_some() || args.memory_viz.is_some())
@@ -157,8 +173,12 @@ fn run(args: Args) -> Result<(), String> {
         ..TrainConfig::default()
     };
     println!(
-        "MNIST {}: {} training / {} test images from {}, {} epoch(s), batch {}, lr {}, seed {}",
+        "MNIST {} ({}): {} training / {} test images from {}, {} epoch(s), batch {}, lr {}, seed {}",
         config.model,
+        match fusion {
+            Fusion::Fused => "fused",
+            Fusion::Unfused => "unfused",
+        },
         train.len(),
         test.len(),
         data_dir.display(),
@@ -175,9 +195,18 @@ fn run(args: Args) -> Result<(), String> {
     };
     let mut outcomes = Vec::new();
     for choice in choices {
-        let mut progress = EpochProgress::new(choice.name());
-        let outcome = train_on_with(choice, &train, &test, &config, &mut progress, &dumps)
-            .map_err(|e| e.to_string())?;
+        let name = fusion.run_name(choice);
+        let mut progress = EpochProgress::new(&name);
+        let outcome = train_on_with(
+            choice,
+            fusion,
+            &train,
+            &test,
+            &config,
+            &mut progress,
+            &dumps,
+        )
+        .map_err(|e| e.to_string())?;
         print_memory(&outcome);
         outcomes.push(outcome);
     }
@@ -295,6 +324,12 @@ fn print_comparison(stock: &TrainReport, caching: &TrainReport) {
             format!("{:.4}", c.loss)
         );
     }
+    let seconds = |r: &TrainReport| r.epochs.iter().map(|e| e.seconds).sum::<f64>();
+    println!(
+        "{:<w$} {:>33}",
+        "epoch time caching/stock",
+        format!("{:.2}x", seconds(caching) / seconds(stock))
+    );
     let opt = |v: Option<u64>, f: fn(u64) -> String| v.map(f).unwrap_or_else(|| "n/a".into());
     let count = |v: u64| v.to_string();
     let rows: [(&str, String, String); 5] = [

@@ -1,7 +1,7 @@
 //! Trains on a backend picked at run time: the one place that names concrete
 //! backend types and their memory probes.
 
-use super::backend_choice::{BackendChoice, cuda_device_present, unavailable_reason};
+use super::backend_choice::{BackendChoice, Fusion, cuda_device_present, unavailable_reason};
 use super::dataset::MnistSet;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use super::probe::{AllocatorCounters, MemoryProbe};
@@ -59,7 +59,8 @@ pub enum RunError {
     Dump(#[from] burn_caching_alloc::alloc::inspect::InspectError),
 }
 
-/// Trains on `choice` (after resolving `auto`) and returns the report.
+/// Trains on `choice` (after resolving `auto`), fused when this build has the `fusion` feature
+/// (see [`Fusion::default_for_build`]), and returns the report.
 pub fn train_on(
     choice: BackendChoice,
     train: &MnistSet,
@@ -69,6 +70,7 @@ pub fn train_on(
 ) -> Result<RunOutcome, RunError> {
     train_on_with(
         choice,
+        Fusion::default_for_build(),
         train,
         test,
         config,
@@ -77,10 +79,11 @@ pub fn train_on(
     )
 }
 
-/// [`train_on`], writing the memory files `dumps` asks for (caching backends only; the stock
-/// backends have no allocator history and ignore it).
+/// [`train_on`] with the fusion setting `fusion`, writing the memory files `dumps` asks for
+/// (caching backends only; the stock backends have no allocator history and ignore it).
 pub fn train_on_with(
     choice: BackendChoice,
+    fusion: Fusion,
     train: &MnistSet,
     test: &MnistSet,
     config: &TrainConfig,
@@ -88,36 +91,51 @@ pub fn train_on_with(
     dumps: &MemoryDumps,
 ) -> Result<RunOutcome, RunError> {
     let choice = choice.resolve(cuda_device_present());
-    if let Some(reason) = unavailable_reason(choice) {
+    if let Some(reason) = unavailable_reason(choice).or_else(|| fusion.unavailable_reason()) {
         return Err(RunError::Unavailable(reason));
     }
-    let name = choice.name();
+    let name = &fusion.run_name(choice);
+    let fused = fusion == Fusion::Fused;
     match choice {
-        BackendChoice::Wgpu => stock_wgpu(name, train, test, config, observer),
-        BackendChoice::Cuda => stock_cuda(name, train, test, config, observer),
-        BackendChoice::CachingWgpu => caching_wgpu(name, train, test, config, observer, dumps),
-        BackendChoice::CachingCuda => caching_cuda(name, train, test, config, observer, dumps),
+        BackendChoice::Wgpu => stock_wgpu(name, fused, train, test, config, observer),
+        BackendChoice::Cuda => stock_cuda(name, fused, train, test, config, observer),
+        BackendChoice::CachingWgpu => {
+            caching_wgpu(name, fused, train, test, config, observer, dumps)
+        }
+        BackendChoice::CachingCuda => {
+            caching_cuda(name, fused, train, test, config, observer, dumps)
+        }
         BackendChoice::Auto => Err(RunError::Unavailable(
             "backend auto did not resolve to a concrete backend".into(),
         )),
     }
 }
 
+// Burn's stock backends: `Wgpu`/`Cuda` are fused exactly when Burn's `fusion` feature is on
+// (this crate's `fusion` turns it on); the unfused ones are the plain `CubeBackend`s.
+
 #[cfg(feature = "wgpu")]
 fn stock_wgpu(
     name: &str,
+    fused: bool,
     train: &MnistSet,
     test: &MnistSet,
     config: &TrainConfig,
     observer: &mut dyn TrainObserver,
 ) -> Result<RunOutcome, RunError> {
-    use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
-    use burn::backend::{Autodiff, Wgpu};
+    use burn::backend::Autodiff;
+    use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
     let device = WgpuDevice::DefaultDevice;
     let mut probe = super::probe::CubeclUsageProbe::<WgpuRuntime>::new(device.clone());
-    let report = super::train::train::<Autodiff<Wgpu>>(
-        &device, name, train, test, config, &mut probe, observer,
-    )?;
+    let report = if fused {
+        super::train::train::<Autodiff<burn::backend::Wgpu>>(
+            &device, name, train, test, config, &mut probe, observer,
+        )?
+    } else {
+        super::train::train::<Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>>(
+            &device, name, train, test, config, &mut probe, observer,
+        )?
+    };
     Ok(RunOutcome {
         report,
         summary: None,
@@ -129,18 +147,26 @@ fn stock_wgpu(
 #[cfg(feature = "cuda")]
 fn stock_cuda(
     name: &str,
+    fused: bool,
     train: &MnistSet,
     test: &MnistSet,
     config: &TrainConfig,
     observer: &mut dyn TrainObserver,
 ) -> Result<RunOutcome, RunError> {
+    use burn::backend::Autodiff;
     use burn::backend::cuda::CudaDevice;
-    use burn::backend::{Autodiff, Cuda};
+    use cubecl_cuda::CudaRuntime;
     let device = CudaDevice::default();
-    let mut probe = super::probe::CubeclUsageProbe::<cubecl_cuda::CudaRuntime>::new(device.clone());
-    let report = super::train::train::<Autodiff<Cuda>>(
-        &device, name, train, test, config, &mut probe, observer,
-    )?;
+    let mut probe = super::probe::CubeclUsageProbe::<CudaRuntime>::new(device.clone());
+    let report = if fused {
+        super::train::train::<Autodiff<burn::backend::Cuda>>(
+            &device, name, train, test, config, &mut probe, observer,
+        )?
+    } else {
+        super::train::train::<Autodiff<burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>>>(
+            &device, name, train, test, config, &mut probe, observer,
+        )?
+    };
     Ok(RunOutcome {
         report,
         summary: None,
@@ -155,6 +181,7 @@ fn stock_cuda(
 #[cfg(feature = "wgpu")]
 fn caching_wgpu(
     name: &str,
+    fused: bool,
     train: &MnistSet,
     test: &MnistSet,
     config: &TrainConfig,
@@ -164,14 +191,21 @@ fn caching_wgpu(
     use burn::backend::Autodiff;
     use burn::backend::wgpu::WgpuDevice;
 
-    use burn_caching_alloc::backend::CachingWgpu;
+    use burn_caching_alloc::backend::{CachingWgpu, CachingWgpuUnfused};
     let device = WgpuDevice::DefaultDevice;
-    caching_run::<Autodiff<CachingWgpu>>(device, name, train, test, config, observer, dumps)
+    if fused {
+        caching_run::<Autodiff<CachingWgpu>>(device, name, train, test, config, observer, dumps)
+    } else {
+        caching_run::<Autodiff<CachingWgpuUnfused>>(
+            device, name, train, test, config, observer, dumps,
+        )
+    }
 }
 
 #[cfg(feature = "cuda")]
 fn caching_cuda(
     name: &str,
+    fused: bool,
     train: &MnistSet,
     test: &MnistSet,
     config: &TrainConfig,
@@ -181,9 +215,15 @@ fn caching_cuda(
     use burn::backend::Autodiff;
     use burn::backend::cuda::CudaDevice;
 
-    use burn_caching_alloc::backend::CachingCuda;
+    use burn_caching_alloc::backend::{CachingCuda, CachingCudaUnfused};
     let device = CudaDevice::default();
-    caching_run::<Autodiff<CachingCuda>>(device, name, train, test, config, observer, dumps)
+    if fused {
+        caching_run::<Autodiff<CachingCuda>>(device, name, train, test, config, observer, dumps)
+    } else {
+        caching_run::<Autodiff<CachingCudaUnfused>>(
+            device, name, train, test, config, observer, dumps,
+        )
+    }
 }
 
 /// Trains on a caching backend, reading the allocator after every step.
@@ -254,6 +294,7 @@ where
 #[cfg(not(feature = "wgpu"))]
 fn stock_wgpu(
     _: &str,
+    _: bool,
     _: &MnistSet,
     _: &MnistSet,
     _: &TrainConfig,
@@ -265,6 +306,7 @@ fn stock_wgpu(
 #[cfg(not(feature = "wgpu"))]
 fn caching_wgpu(
     _: &str,
+    _: bool,
     _: &MnistSet,
     _: &MnistSet,
     _: &TrainConfig,
@@ -279,6 +321,7 @@ fn caching_wgpu(
 #[cfg(not(feature = "cuda"))]
 fn stock_cuda(
     _: &str,
+    _: bool,
     _: &MnistSet,
     _: &MnistSet,
     _: &TrainConfig,
@@ -290,6 +333,7 @@ fn stock_cuda(
 #[cfg(not(feature = "cuda"))]
 fn caching_cuda(
     _: &str,
+    _: bool,
     _: &MnistSet,
     _: &MnistSet,
     _: &TrainConfig,

@@ -61,7 +61,7 @@ use cubecl_runtime::timestamp_profiler::TimestampProfiler;
 use parking_lot::Mutex;
 
 use super::driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
-use super::env::{config_from_env, oom_snapshot_path};
+use super::env::{oom_snapshot_path, startup_config};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
 use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, ObserverThread};
@@ -75,8 +75,9 @@ use streams::Streams;
 
 /// A CubeCL compute server over driver `D`, allocating through the caching engine.
 ///
-/// CubeCL creates one per device (`DeviceService::init`), reading `BURN_CACHING_ALLOC_CONF`
-/// and `BURN_CACHING_ALLOC_TRACE` then.
+/// CubeCL creates one per device (`DeviceService::init`), taking then the configuration
+/// `backend::configure` left for the device, else `BURN_CACHING_ALLOC_CONF`, and
+/// `BURN_CACHING_ALLOC_TRACE`.
 pub struct CachingServer<D: Driver> {
     driver: D,
     device: DeviceId,
@@ -266,6 +267,29 @@ impl<D: Driver> CachingServer<D> {
         (self.uses.events(), self.uses.held())
     }
 
+    /// Hands every free CubeCL slice of every stream back to the engine (and the streams'
+    /// metadata scratch, which the next launch that needs one reserves again), so that the
+    /// engine's allocated blocks are exactly the live tensors' slices: what the user API
+    /// reports as PyTorch's "allocated". Returns CubeCL's layer as it was just before, so that
+    /// what CubeCL had cached can still be reported. Nothing goes back to the device: the
+    /// slices become free engine blocks, reserved and cached by the engine.
+    pub fn hand_back_free_slices(&mut self) -> CubeclLayerUsage {
+        let before = self.cubecl_layer();
+        for id in self.streams.ids() {
+            // As for `memory_cleanup`: the work submitted so far is issued before its slices
+            // may serve other tensors.
+            let (driver, driver_stream) = self.split(id);
+            if let Err(err) = driver.flush(driver_stream) {
+                self.push_error(id, err);
+            }
+            let stream = self.streams.get(&mut self.driver, id);
+            stream.metadata = None;
+            stream.memory.reclaim();
+        }
+        self.cubecl_layer();
+        before
+    }
+
     /// Sums CubeCL's view over all streams and refreshes the registry's copy.
     fn cubecl_layer(&mut self) -> CubeclLayerUsage {
         let mut layer = CubeclLayerUsage::default();
@@ -285,7 +309,15 @@ impl<D: Driver> DeviceService for CachingServer<D> {
     fn init(device_id: DeviceId) -> Self {
         // CubeCL opens devices lazily and gives this call no way to fail: a device that cannot
         // be opened, or a configuration that does not parse, stops here with the reason.
-        let config = config_from_env()
+        // A configuration given in code (`backend::configure`) comes first, then the
+        // environment variable.
+        let configured = registry::take_config::<D::Memory>(device_id);
+        let source = if configured.is_some() {
+            "backend::configure"
+        } else {
+            crate::alloc::CONFIG_ENV
+        };
+        let config = startup_config(configured)
             .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"));
         let mut driver = D::open(device_id)
             .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"));
@@ -294,7 +326,7 @@ impl<D: Driver> DeviceService for CachingServer<D> {
         // rather than silently served with ordinary segments.
         if config.expandable_segments && driver.memory().virtual_memory_granularity().is_none() {
             let err = DriverError::Config {
-                var: crate::alloc::CONFIG_ENV,
+                var: source,
                 source: ConfigError::Unsupported {
                     key: "expandable_segments".into(),
                     reason: "this device has no virtual memory (wgpu cannot map pages into a \

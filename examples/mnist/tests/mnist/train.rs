@@ -178,6 +178,24 @@ fn check_caching_memory(outcome: &RunOutcome) {
         .as_deref()
         .expect("caching backends have a summary");
     assert!(summary.contains("memory summary"), "{summary}");
+
+    // The run's tensors are all dropped: PyTorch's "allocated" is 0 everywhere, and what
+    // CubeCL had cached is reserved (cached in the engine), not allocated.
+    let after = memory_stats(&device);
+    assert_eq!(after.memory_allocated(), 0, "{:?}", after.cubecl);
+    assert_eq!(after.to_map()["allocated_bytes.all.current"], 0);
+    assert_eq!(after.cubecl.live_bytes, 0);
+    assert!(after.memory_reserved() > 0);
+    assert_eq!(after.cached_in_engine(), after.memory_reserved());
+    let allocated_row = summary
+        .lines()
+        .find(|line| line.starts_with("| Allocated memory"))
+        .expect("an Allocated memory row");
+    assert_eq!(
+        allocated_row.split('|').nth(2).map(str::trim),
+        Some("0 B"),
+        "{summary}"
+    );
 }
 
 /// Trains on the caching backend and on the stock one, one after the other
