@@ -48,6 +48,10 @@ pub enum Growth {
     Allowed,
     /// Only a cached engine block may serve; otherwise the request is refused.
     CacheOnly,
+    /// No engine call at all: only a free CubeCL slice (exact-size reuse) may serve; any
+    /// `alloc` is refused. The reclaim policy uses it to learn whether CubeCL's pool holds the
+    /// size before it decides to walk.
+    PoolOnly,
 }
 
 /// The caching engine as a CubeCL `ComputeStorage`, for one stream.
@@ -103,7 +107,8 @@ impl<D: DeviceMemory> EngineStorage<D> {
         self.growth = growth;
     }
 
-    /// Whether an `alloc` was refused (in [`Growth::CacheOnly`]) since the last call; clears it.
+    /// Whether an `alloc` was refused (in [`Growth::CacheOnly`] or [`Growth::PoolOnly`]) since
+    /// the last call; clears it.
     pub fn take_refused(&mut self) -> bool {
         core::mem::take(&mut self.refused)
     }
@@ -155,6 +160,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
         let result = match self.growth {
             Growth::Allowed => self.allocator.malloc(request, self.stream).map(Some),
             Growth::CacheOnly => self.allocator.malloc_cached(request, self.stream),
+            Growth::PoolOnly => Ok(None),
         };
         match result {
             Ok(Some(block)) => {
