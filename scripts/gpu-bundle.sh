@@ -44,6 +44,7 @@ PROGRAMS=(
     "seed_walkthrough|-p burn-caching-alloc --example seed_walkthrough"
     "mnist|-p mnist --bin mnist"
     "replay|-p replay --bin replay"
+    "burn-side-by-side|-p bench-burn --bin burn-side-by-side"
 )
 
 # Runs cargo with JSON messages; prints "name<TAB>executable" for each built test/bench/example.

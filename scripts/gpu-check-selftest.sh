@@ -26,8 +26,8 @@ GPU_CHECK_DRY_RUN=1 OUT="$out" GPU_BUNDLE_DIR="$TMP/none" "$ROOT/scripts/gpu-che
 check "dry run exits 0 in under two minutes" test $(($(date +%s) - start)) -lt 120
 check "dry run writes summary.md, results.tsv, logs.tar.gz" \
     test -s "$out/summary.md" -a -s "$out/results.tsv" -a -s "$out/logs.tar.gz"
-check "dry run: six steps, every one skipped with a reason" \
-    test "$(tail -n +2 "$out/results.tsv" | awk -F'\t' '$2 == "skip" && $7 != ""' | wc -l)" -eq 6
+check "dry run: seven steps, every one skipped with a reason" \
+    test "$(tail -n +2 "$out/results.tsv" | awk -F'\t' '$2 == "skip" && $7 != ""' | wc -l)" -eq 7
 
 # --- 2. a fake bundle -----------------------------------------------------------------------------
 make_bundle() { # dir conformance_passed expected

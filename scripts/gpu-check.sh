@@ -23,7 +23,11 @@
 #   mnist                      the MNIST comparison, caching-cuda against Burn's stock cuda
 #   seed_walkthrough, replay   the seed walkthrough and the replay of the built-in traces on
 #                              the device (real cuMemAlloc/cuMemFree)
-# plus any bench-* binary in the bundle. A missing piece is a skip with its reason.
+# plus any bench-* binary in the bundle, then
+#   burn-side-by-side          Burn models on CachingCuda against Burn's stock
+#                              Cuda, fused and unfused (a few steps each); the last step, and
+#                              left out when less than SIDE_BY_SIDE_MIN seconds of budget remain
+#                              (dropped first when time is short) A missing piece is a skip with its reason.
 #
 # Without a CUDA driver (or with GPU_CHECK_DRY_RUN=1) it is a dry run: the same files, every
 # step skipped with the reason, in a few seconds, exit status 0 (CI runs it). GPU_CHECK_FORCE=1
@@ -34,7 +38,8 @@
 # Env: GPU_BUNDLE_DIR (default gpu-bundle), STEP_TIMEOUT seconds per step (default 150),
 #      CONFORMANCE_TIMEOUT (default 240), TIME_BUDGET seconds for all steps (default 500),
 #      MNIST_ARGS (default "--epochs 1"), SKIP_STEPS (names to leave out, e.g.
-#      "replay seed_walkthrough"), CUDA_PATH (default /usr/local/cuda), GPU_CHECK_DRY_RUN=1.
+#      "replay seed_walkthrough"), SIDE_BY_SIDE_ARGS (default "--steps 6 --warmup 2"),
+#      SIDE_BY_SIDE_MIN (default 60), CUDA_PATH (default /usr/local/cuda), GPU_CHECK_DRY_RUN=1.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -46,6 +51,8 @@ CONFORMANCE_TIMEOUT=${CONFORMANCE_TIMEOUT:-240}
 TIME_BUDGET=${TIME_BUDGET:-500}
 MNIST_ARGS=${MNIST_ARGS:---epochs 1}
 SKIP_STEPS=${SKIP_STEPS:-}
+SIDE_BY_SIDE_ARGS=${SIDE_BY_SIDE_ARGS:---steps 6 --warmup 2}
+SIDE_BY_SIDE_MIN=${SIDE_BY_SIDE_MIN:-60}
 START=$(date +%s)
 
 # NVRTC and its headers: set before anything loads libnvrtc.
@@ -65,7 +72,7 @@ FAILED_STEPS=0
 CONFORMANCE="not run"
 MNIST_LINE="not run"
 # The steps every run reports, in order (bench-* ones are added when the bundle has them).
-STEPS=(test-lib test-runtime conformance_cuda mnist seed_walkthrough replay)
+STEPS=(test-lib test-runtime conformance_cuda mnist seed_walkthrough replay burn-side-by-side)
 
 say() { printf '[gpu-check] %s\n' "$*" | tee -a "$LOGS/gpu-check.log" >&2; }
 
@@ -349,6 +356,15 @@ for path in "$WORK"/bin/bench-*; do
     fi
     record "bench-$name" "$verdict" "$STEP_SECONDS" "" "" "" "logs/bench-$name.log"
 done
+
+# The side-by-side benchmark goes last: the first thing left out when the budget is short.
+if [ $((TIME_BUDGET - ($(date +%s) - START))) -lt "$SIDE_BY_SIDE_MIN" ]; then
+    not_run burn-side-by-side "under $SIDE_BY_SIDE_MIN s of budget left"
+else
+    # shellcheck disable=SC2086 # SIDE_BY_SIDE_ARGS is a list of arguments
+    program_step burn-side-by-side --device cuda --json "$OUT/side-by-side.json" \
+        $SIDE_BY_SIDE_ARGS
+fi
 
 publish
 say "summary written to $SUMMARY"

@@ -29,7 +29,7 @@ pub const GENERATED_NAMES: [&str; 5] = [
 ];
 
 /// Names of the whole built-in set (generated, then recorded), in report order.
-pub const BUILTIN_NAMES: [&str; 7] = [
+pub const BUILTIN_NAMES: [&str; 11] = [
     GENERATED_NAMES[0],
     GENERATED_NAMES[1],
     GENERATED_NAMES[2],
@@ -37,6 +37,10 @@ pub const BUILTIN_NAMES: [&str; 7] = [
     GENERATED_NAMES[4],
     RECORDED_NAMES[0],
     RECORDED_NAMES[1],
+    RECORDED_NAMES[2],
+    RECORDED_NAMES[3],
+    RECORDED_NAMES[4],
+    RECORDED_NAMES[5],
 ];
 
 /// One built-in trace by name, or `None` for an unknown name.

@@ -391,3 +391,31 @@ fn a_replay_that_fails_returns_every_segment_to_the_device() {
         }
     }
 }
+
+/// Issue 22: through the stack (CubeCL's persistent pool over the engine, the runtime's reclaim
+/// policy), variable shapes with `expandable_segments:true` reserve at most 1.10x their live
+/// peak (the engine alone reaches 1.03x). Before seen large sizes that CubeCL's pool misses
+/// got a placement reclaim, the stack reached 2488 MiB of a 1984.72 MiB live peak (1.25x).
+#[test]
+fn transformer_varlen_through_the_stack_with_expandable_segments_is_within_1_10x_of_live() {
+    let program = Program::compile(&builtin_trace("transformer-varlen").expect("built in"))
+        .expect("compiles");
+    let options = MeasureOptions::new(0)
+        .with_config("expandable_segments:true")
+        .expect("a valid configuration");
+    let m = measure(
+        "transformer-varlen",
+        &program,
+        AllocatorKind::CachingStack,
+        &options,
+    )
+    .expect("replays");
+    assert_eq!(m.peak_allocated, program.peak_allocated());
+    assert!(
+        m.peak_reserved * 100 <= m.peak_allocated * 110,
+        "reserved {} B is {:.3}x the live peak {} B",
+        m.peak_reserved,
+        m.reserved_ratio(),
+        m.peak_allocated
+    );
+}

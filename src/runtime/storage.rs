@@ -53,6 +53,10 @@ pub enum Growth {
     /// oversize blocks); a request only the flush could serve is refused, and nothing is
     /// counted as an out-of-memory yet.
     BeforeFlush,
+    /// No engine call at all: only a free CubeCL slice (exact-size reuse) may serve; any
+    /// `alloc` is refused. The reclaim policy uses it to learn whether CubeCL's pool holds the
+    /// size before it decides to walk.
+    PoolOnly,
 }
 
 /// The caching engine as a CubeCL `ComputeStorage`, for one stream.
@@ -108,7 +112,8 @@ impl<D: DeviceMemory> EngineStorage<D> {
         self.growth = growth;
     }
 
-    /// Whether an `alloc` was refused (in [`Growth::CacheOnly`]) since the last call; clears it.
+    /// Whether an `alloc` was refused (in [`Growth::CacheOnly`] or [`Growth::PoolOnly`]) since
+    /// the last call; clears it.
     pub fn take_refused(&mut self) -> bool {
         core::mem::take(&mut self.refused)
     }
@@ -161,6 +166,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
             Growth::Allowed => self.allocator.malloc(request, self.stream).map(Some),
             Growth::CacheOnly => self.allocator.malloc_cached(request, self.stream),
             Growth::BeforeFlush => self.allocator.malloc_before_flush(request, self.stream),
+            Growth::PoolOnly => Ok(None),
         };
         match result {
             Ok(Some(block)) => {

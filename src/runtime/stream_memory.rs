@@ -9,15 +9,23 @@
 //!
 //! A reservation therefore goes, in order:
 //!
-//! 1. for a *large* request (over the engine's 1 MiB small-pool limit) of a size this stream
-//!    has never reserved (so CubeCL's pool, keyed by the padded size, cannot hold one), when
-//!    tensors are being dropped (the last walk released a slice, or CubeCL reused one since):
-//!    a **placement reclaim**. The walk hands the free slices back before the engine chooses
-//!    where the new size goes, so best fit and coalescing see what the engine alone would
-//!    see. Sizes seen before are the steady state of a fixed-shape loop: CubeCL's pool serves
-//!    them, and a walk would only give back slices about to be reused (walking for sizes
-//!    merely absent from the pool made such loops walk every step). Small requests live in
-//!    2 MiB segments, where a late placement costs little;
+//! 1. for a *large* request (over the engine's 1 MiB small-pool limit), when tensors are
+//!    being dropped (the last walk released a slice, or CubeCL reused one since), and CubeCL's
+//!    pool cannot serve it (a size this stream has never reserved, whose padded size cannot
+//!    be a key of CubeCL's pool; or a seen size for which a pool-only attempt,
+//!    [`Growth::PoolOnly`], finds no free slice): a **placement reclaim**. The walk hands
+//!    the free slices back before the engine chooses where the request goes, so best fit and
+//!    coalescing see what the engine alone would see. A seen size that CubeCL's pool holds
+//!    (the steady state of a fixed-shape loop) is served from it with no walk. Seen sizes the
+//!    pool misses were left out of this rule until issue 22: on variable shapes (the replay's
+//!    `transformer-varlen`, lengths from a fixed set, so after a few steps every size is a
+//!    seen one) the engine then placed most large tensors while CubeCL still held the slices
+//!    of the previous step's lengths, and with `expandable_segments:true` the stack reserved
+//!    2488 MiB against a live peak of 1985 MiB (1.25x; the engine alone 2048 MiB). With
+//!    them it reserves 2108 MiB (1.06x). The walks are still paid from the budget below, so
+//!    the work stays O(1) amortised per reservation; what a seen-size miss adds is one
+//!    pool-only attempt. Small requests live in 2 MiB segments, where a late placement costs
+//!    little;
 //! 2. to CubeCL's exact-size reuse, else the engine's cache only ([`Growth::CacheOnly`]);
 //! 3. when the engine would grow, to a **growth reclaim**, then to the engine with growth
 //!    allowed short of flushing its cache ([`Growth::BeforeFlush`]: new device memory, the
@@ -29,7 +37,7 @@
 //!    as PyTorch counts one per failed request.
 //!
 //! Walks are paid from a budget of slice-visits: every reservation earns
-//! [`CREDIT_PER_RESERVE`], every placement candidate [`NEW_SIZE_CREDIT`] more, and a walk
+//! [`CREDIT_PER_RESERVE`], every large request of a new size [`NEW_SIZE_CREDIT`] more, and a walk
 //! runs when the budget covers the stream's slice count (placement reclaims only then; growth
 //! reclaims also on the two signs below). Loading a model of n parameters, where nothing is
 //! dropped, earns no placement credit and walks only when the budget covers a would-grow
@@ -128,7 +136,7 @@ pub struct ReclaimCounters {
     pub reserves: u64,
     /// Reservations CubeCL's pool served from a free slice of exactly the size.
     pub pool_hits: u64,
-    /// Reclaims run before the engine placed a large request of a size new to the stream.
+    /// Reclaims run before the engine placed a large request CubeCL's pool could not serve.
     pub placement_reclaims: u64,
     /// Would-grow misses the budget could not pay for, reclaimed anyway because the stream's
     /// last reclaim released at least 1/256 of the slices it visited.
@@ -282,11 +290,25 @@ impl<D: DeviceMemory> StreamMemory<D> {
         // A size this stream never reserved cannot be in CubeCL's pool (its key is the size
         // padded to the alignment): it will go to the engine, which should see the free
         // slices first.
-        if PoolKind::for_size(size) == PoolKind::Large
-            && self.first_sight(size)
-            && self.drops_possible()
-        {
-            self.budget.earn(NEW_SIZE_CREDIT);
+        let large = PoolKind::for_size(size) == PoolKind::Large;
+        let new_size = large && self.first_sight(size);
+        if large && self.drops_possible() {
+            if new_size {
+                self.budget.earn(NEW_SIZE_CREDIT);
+            } else {
+                // A seen size: CubeCL's pool serves it when it holds a free slice of it (the
+                // steady state of a fixed-shape loop, which must not walk). Only a miss goes
+                // on to a placement walk.
+                match self.reserve_limited(size, Growth::PoolOnly) {
+                    Ok(handle) => {
+                        self.counters.pool_hits += 1;
+                        self.reuse_seen = true;
+                        return Ok(Some(handle));
+                    }
+                    Err(Some(err)) => return Err(err),
+                    Err(None) => {}
+                }
+            }
             let cost = self.walk_cost();
             if self.budget.try_spend(cost) {
                 self.counters.placement_reclaims += 1;

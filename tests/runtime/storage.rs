@@ -95,6 +95,26 @@ fn cache_only_storage_refuses_growth_and_says_so() {
 }
 
 #[test]
+fn pool_only_storage_refuses_even_what_the_engine_cache_holds() {
+    // The reclaim policy asks CubeCL's pool alone first (issue 22): the storage must not touch
+    // the engine then, not even its cache.
+    let (device, allocator) = engine(64 * MIB);
+    let mut storage = EngineStorage::new(allocator.clone(), STREAM, 256);
+    let held = storage.alloc(4096).expect("alloc");
+    storage.set_growth(Growth::PoolOnly);
+    assert!(
+        storage.alloc(4096).is_err(),
+        "the segment has room, yet no engine call"
+    );
+    assert!(storage.take_refused(), "the refusal is remembered");
+    assert_eq!(storage.blocks(), 1);
+    assert_eq!(allocator.stats().allocation.all.current, 1);
+    assert_eq!(device.counters().allocs, 1);
+    storage.set_growth(Growth::Allowed);
+    storage.dealloc(held.id);
+}
+
+#[test]
 fn zero_sized_slices_take_a_block() {
     let (_device, allocator) = engine(64 * MIB);
     let mut storage = EngineStorage::new(allocator.clone(), STREAM, 256);

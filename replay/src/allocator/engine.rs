@@ -37,8 +37,11 @@ impl<D: DeviceMemory> Drop for EngineAllocator<D> {
     }
 }
 
+/// An out-of-memory the trace may continue past, or a failure that stops the replay: a request
+/// larger than the device ([`AllocError::TooLarge`], an out-of-memory for the allocator's
+/// observers) is a trace this device cannot run at all.
 fn replay_error(err: AllocError) -> ReplayError {
-    if err.is_out_of_memory() {
+    if matches!(err, AllocError::OutOfMemory { .. }) {
         ReplayError::OutOfMemory(err.to_string())
     } else {
         ReplayError::Failed(err.to_string())

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
+use burn_caching_alloc::alloc::{AllocError, AllocatorConfig, CachingAllocator};
 use burn_caching_alloc::device::sim::SimDevice;
 use burn_caching_alloc::device::{DeviceMemory, StreamId};
 use burn_caching_alloc::runtime::StreamMemory;
@@ -103,7 +103,7 @@ impl<D: DeviceMemory> ReplayAllocator for CachingStackAllocator<D> {
         let cursor = self.cursor;
         let memory = self.stream(stream);
         let reserved = memory.reserve(size).map_err(|err| match &err.engine {
-            Some(engine) if engine.is_out_of_memory() => ReplayError::OutOfMemory(err.to_string()),
+            Some(AllocError::OutOfMemory { .. }) => ReplayError::OutOfMemory(err.to_string()),
             _ => ReplayError::Failed(format!("caching stack reserve of {size} bytes: {err}")),
         })?;
         bind_client(memory.manager(), reserved, cursor)

@@ -1,0 +1,97 @@
+//! One training step (forward, cross-entropy, backward, Adam) on any autodiff backend, behind
+//! an object-safe trait so that the comparison holds two backends' trainers side by side.
+
+use burn::module::AutodiffModule;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::prelude::*;
+use burn::tensor::ElementConversion;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::nets::{ConvNet, LstmNet, MnistMlpNet, Net, TransformerNet};
+use crate::workload::{Batch, Workload};
+
+/// Adam's learning rate.
+pub const LEARNING_RATE: f64 = 1e-3;
+
+/// A model and its optimizer on one backend.
+pub trait Step {
+    /// Trains on `batch` and returns the loss, read back to the host (so the step has run).
+    fn step(&mut self, batch: &Batch) -> Result<f64, String>;
+}
+
+/// `workload`'s network on `B`. Before step `i` the backend is seeded with `seed + i`: Burn
+/// initialises parameters lazily (at the first forward pass) and the backends' RNG is one
+/// process-wide stream, so seeding per step is what gives both sides of an interleaved run the
+/// same initial weights and the same dropout masks.
+pub fn trainer<B: AutodiffBackend>(
+    workload: Workload,
+    device: &B::Device,
+    seed: u64,
+) -> Box<dyn Step>
+where
+    B::Device: 'static,
+{
+    match workload {
+        Workload::TransformerVarlen => boxed::<B, _>(TransformerNet::new(device), device, seed),
+        Workload::Conv => boxed::<B, _>(ConvNet::new(device), device, seed),
+        Workload::Lstm => boxed::<B, _>(LstmNet::new(device), device, seed),
+        Workload::MnistMlp => boxed::<B, _>(MnistMlpNet::new(device), device, seed),
+    }
+}
+
+struct Trainer<B: AutodiffBackend, M: AutodiffModule<B>, O> {
+    model: Option<M>,
+    optimizer: O,
+    device: B::Device,
+    seed: u64,
+    steps: u64,
+}
+
+fn boxed<B, M>(model: M, device: &B::Device, seed: u64) -> Box<dyn Step>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + Net<B> + 'static,
+{
+    let optimizer = AdamConfig::new().init::<B, M>();
+    Box::new(Trainer {
+        model: Some(model),
+        optimizer,
+        device: device.clone(),
+        seed,
+        steps: 0,
+    })
+}
+
+impl<B, M, O> Step for Trainer<B, M, O>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + Net<B>,
+    O: Optimizer<M, B>,
+{
+    fn step(&mut self, batch: &Batch) -> Result<f64, String> {
+        let model = self.model.take().ok_or("an earlier step failed")?;
+        B::seed(&self.device, self.seed.wrapping_add(self.steps));
+        self.steps += 1;
+        let n = batch.shape[0];
+        let inputs = Tensor::<B, 3>::from_data(
+            TensorData::new(batch.inputs.clone(), batch.shape),
+            &self.device,
+        );
+        let labels = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(batch.labels.clone(), [n]),
+            &self.device,
+        );
+        let loss = CrossEntropyLossConfig::new()
+            .init::<B>(&self.device)
+            .forward(model.logits(inputs), labels);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        self.model = Some(self.optimizer.step(LEARNING_RATE, model, grads));
+        let value = loss
+            .inner()
+            .try_into_scalar()
+            .map_err(|e| format!("reading the loss: {e:?}"))?;
+        B::sync(&self.device).map_err(|e| format!("sync: {e:?}"))?;
+        Ok(value.elem::<f64>())
+    }
+}
