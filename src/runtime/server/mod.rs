@@ -13,10 +13,13 @@
 //! - `checks`: what does not depend on the device API (layouts, sizes, empty launches), once
 //!   for every backend;
 //! - `kernels`: the kernel cache;
-//! - `layer_usage`: CubeCL's layer in numbers, for `memory_stats`.
+//! - `layer_usage`: CubeCL's layer in numbers, for `memory_stats`;
+//! - `caller_stack`: the layout policy that captures the caller's stack of each reservation,
+//!   and the per-stream queue the reservation takes it from.
 //!
 //! The device API itself is the [`Driver`]'s.
 
+mod caller_stack;
 mod checks;
 mod kernels;
 mod layer_usage;
@@ -27,6 +30,7 @@ mod streams;
 #[cfg(test)]
 mod tests;
 
+pub use caller_stack::CallerStackPolicy;
 pub(crate) use checks::is_contiguous;
 pub use layer_usage::CubeclLayerUsage;
 
@@ -38,7 +42,6 @@ use cubecl_common::future::DynFut;
 use cubecl_common::profile::ProfileDuration;
 use cubecl_common::stream_id::StreamId as CubeStreamId;
 use cubecl_ir::MemoryDeviceProperties;
-use cubecl_runtime::allocator::ContiguousMemoryLayoutPolicy;
 use cubecl_runtime::compiler::CubeTask;
 use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
 use cubecl_runtime::logging::ServerLogger;
@@ -57,8 +60,9 @@ use super::driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 use super::env::{config_from_env, oom_snapshot_path};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
-use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError};
+use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, Stack};
 use crate::device::DeviceMemory;
+use caller_stack::CallerStacks;
 use kernels::KernelCache;
 use ordering::{BufferUse, note_rewrites, order_after};
 use streams::Streams;
@@ -77,6 +81,7 @@ pub struct CachingServer<D: Driver> {
     kernels: KernelCache<D>,
     profiler: TimestampProfiler,
     cubecl_usage: Arc<Mutex<CubeclLayerUsage>>,
+    caller_stacks: Arc<CallerStacks>,
     utilities: Arc<ServerUtilities<Self>>,
 }
 
@@ -109,7 +114,12 @@ impl<D: Driver> CachingServer<D> {
                 cubecl: cubecl_usage.clone(),
             },
         );
-        let layout = ContiguousMemoryLayoutPolicy::new(memory_properties.alignment as usize);
+        let caller_stacks = Arc::new(CallerStacks::default());
+        let layout = CallerStackPolicy::new(
+            memory_properties.alignment as usize,
+            allocator.clone(),
+            caller_stacks.clone(),
+        );
         let logger = Arc::new(ServerLogger::default());
         let utilities = ServerUtilities::new(properties, logger, driver.info(), layout);
         let max_streams = CubeClRuntimeConfig::get().streaming.max_streams as usize;
@@ -123,6 +133,7 @@ impl<D: Driver> CachingServer<D> {
             kernels: KernelCache::new(),
             profiler: TimestampProfiler::default(),
             cubecl_usage,
+            caller_stacks,
             utilities: Arc::new(utilities),
         }
     }
@@ -271,7 +282,7 @@ impl<D: Driver> DeviceService for CachingServer<D> {
 impl<D: Driver> ComputeServer for CachingServer<D> {
     type Kernel = Box<dyn CubeTask<D::Compiler>>;
     type Info = D::Info;
-    type MemoryLayoutPolicy = ContiguousMemoryLayoutPolicy;
+    type MemoryLayoutPolicy = CallerStackPolicy<D::Memory>;
     type Storage = super::storage::EngineStorage<D::Memory>;
 
     fn initialize_memory(
@@ -280,13 +291,18 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         size: u64,
         stream_id: CubeStreamId,
     ) {
-        let reserved = reserve::reserve(
-            &mut self.driver,
-            &mut self.streams,
-            self.max_binding_size,
-            size,
-            stream_id,
-        );
+        // The stack the policy captured on the caller's thread for this reservation (taken
+        // even if the reservation fails, so the next one pairs with its own).
+        let caller = self.caller_stacks.take(stream_id, size);
+        let reserved = Stack::serving(caller, || {
+            reserve::reserve(
+                &mut self.driver,
+                &mut self.streams,
+                self.max_binding_size,
+                size,
+                stream_id,
+            )
+        });
         let bound = reserved.and_then(|reserved| {
             let cursor = self.advance(stream_id);
             self.streams
