@@ -31,6 +31,7 @@ mod error;
 mod free_list;
 mod history;
 pub mod inspect;
+mod report;
 mod size;
 mod snapshot;
 mod stack;
@@ -47,6 +48,9 @@ pub(crate) use config::CONFIG_ENV;
 pub use config::{AllocatorConfig, ConfigError, RoundupDivisions};
 pub use error::{AllocError, OomAdvice, OomDiagnosis};
 pub use history::{HistoryEntry, HistoryOptions, RecordMode, StackContext, TraceAction};
+pub use report::{
+    CacheState, HeldGroup, MemoryPoint, MemoryReport, OversizedRequest, Verdict, segment_rules,
+};
 pub use size::{PoolKind, round_size, segment_size};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
 pub use stack::{Frame, Stack, StackResolver};

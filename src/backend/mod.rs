@@ -15,7 +15,14 @@
 //! Every call reaches the allocator the device's server uses. Calls first wait until the
 //! server has run everything submitted before them, so the numbers include it.
 
+#[cfg(feature = "train")]
+mod metric;
+mod report;
 mod stats;
+
+#[cfg(feature = "train")]
+pub use metric::{CachingMemoryMetric, MemoryMetrics, MemoryQuantity};
+pub use report::{memory_point, memory_report};
 
 pub use crate::runtime::CubeclLayerUsage;
 pub use stats::CachingMemoryStats;

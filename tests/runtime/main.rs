@@ -2,8 +2,10 @@
 //!
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
-//! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `expandable_wgpu`, `history_wgpu`, `trace_wgpu`
-//!   (feature `wgpu`): Burn on `CachingWgpu`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
+//! - `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`, `expandable_wgpu`, `history_wgpu`,
+//!   `memory_report_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on `CachingWgpu`, on the wgpu
+//!   CPU adapter (Mesa's lavapipe in CI); `memory_metric_wgpu` (features `wgpu` and `train`):
+//!   the burn-train metrics;
 //! - `burn_mlp_cuda`, `cuda_launches`, `cuda_memory` (feature `cuda`): Burn on `CachingCuda`
 //!   and `CudaMemory` on a real CUDA device; ignored by default ("needs a CUDA device"), each
 //!   prints why it skips when run without one (`--include-ignored`).
@@ -27,9 +29,15 @@ mod burn_mlp_wgpu;
 #[cfg(feature = "wgpu")]
 mod burn_oom_wgpu;
 #[cfg(feature = "wgpu")]
+mod caller_stacks_wgpu;
+#[cfg(feature = "wgpu")]
 mod expandable_wgpu;
 #[cfg(feature = "wgpu")]
 mod history_wgpu;
+#[cfg(all(feature = "wgpu", feature = "train"))]
+mod memory_metric_wgpu;
+#[cfg(feature = "wgpu")]
+mod memory_report_wgpu;
 #[cfg(feature = "wgpu")]
 mod trace_wgpu;
 
