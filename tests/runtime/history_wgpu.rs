@@ -147,8 +147,20 @@ fn stacks_of_blocks_allocated_through_burn_name_the_models_forward() {
         "the live output's block names forward: {output_blocks:#?}"
     );
 
-    // The pickle and the viewer carry the model's frames.
-    let page = inspect::viewer_html(&snapshot, "TinyModel", &[]);
+    // The pickle and the viewer carry the model's frames. With HISTORY_VIEWER_OUT set, the
+    // page is written there and the output's block named for `#select=S:B` (how
+    // docs/viewer-model-frames.png was rendered).
+    let page = inspect::viewer_html(&snapshot, "TinyModel on CachingWgpuUnfused", &[]);
+    if let Some(path) = std::env::var_os("HISTORY_VIEWER_OUT") {
+        std::fs::write(&path, &page).expect("viewer written");
+        for (s, segment) in snapshot.segments.iter().enumerate() {
+            for (b, block) in segment.blocks.iter().enumerate() {
+                if block.requested_size == 32 * 3 * 4 {
+                    println!("the output's block: #select={s}:{b}");
+                }
+            }
+        }
+    }
     assert!(
         page.matches("TinyModel<").count() > 1,
         "the page carries the model's frames"
