@@ -183,6 +183,19 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         (level != 0 && level >= context).then(Stack::capture)
     }
 
+    /// The stack an allocation records: the one of the request being served
+    /// ([`Stack::serving`]), else the caller's; `None` when stacks are off.
+    fn request_stack(&self) -> Option<Stack> {
+        let level = self.stack_context.load(Ordering::Relaxed);
+        (level != 0).then(Stack::of_request)
+    }
+
+    /// Whether allocations record a stack now (the history keeps stacks for blocks). One
+    /// relaxed load: callers that capture a stack on another thread ask this first.
+    pub fn records_stacks(&self) -> bool {
+        self.stack_context.load(Ordering::Relaxed) != 0
+    }
+
     /// Runs the out-of-memory observers (and writes the first-OOM snapshot, if asked).
     fn out_of_memory(&self, err: &AllocError) {
         if let Some(path) = self.oom_snapshot.lock().take() {
@@ -205,7 +218,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         stream: StreamId,
         growth: Growth,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
-        let stack = self.capture_stack(1);
+        let stack = self.request_stack();
         let result = self.change("malloc").and_then(|mut engine| {
             engine.set_request_stack(stack);
             let block = engine.malloc(size, stream, growth);

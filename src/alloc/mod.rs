@@ -32,6 +32,7 @@ mod free_list;
 mod history;
 pub mod inspect;
 mod observers;
+mod report;
 mod size;
 mod snapshot;
 mod stack;
@@ -49,6 +50,9 @@ pub use config::{AllocatorConfig, ConfigError, MAX_HISTORY_CAPACITY, RoundupDivi
 pub use error::{AllocError, OomAdvice, OomDiagnosis};
 pub use history::{HistoryEntry, HistoryOptions, RecordMode, StackContext, TraceAction};
 pub use observers::{ObserverReport, ObserverThread, OomObserver};
+pub use report::{
+    CacheState, HeldGroup, MemoryPoint, MemoryReport, OversizedRequest, Verdict, segment_rules,
+};
 pub use size::{PoolKind, round_size, segment_size};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
 pub use stack::{Frame, Stack, StackResolver};

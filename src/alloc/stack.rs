@@ -3,7 +3,12 @@
 //! [`Stack::capture`] walks the calling thread's stack and keeps only the return addresses
 //! (no symbol lookup), so recording stays cheap; [`StackResolver`] turns them into
 //! [`Frame`]s (function, file, line) when a snapshot is written, looking each address up once.
+//!
+//! A request served on behalf of another thread (a device thread serving the caller's queued
+//! call) can carry the caller's stack instead of its own: [`Stack::serving`] runs a closure in
+//! which the engine's requests use the given stack rather than capturing one.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -40,15 +45,65 @@ impl Stack {
     pub fn depth(&self) -> usize {
         self.0.len()
     }
+
+    /// The return addresses, innermost first.
+    #[cfg(feature = "runtime")]
+    pub(crate) fn addresses(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// The demangled names of the functions at `address`, inlined ones first (empty when the
+    /// binary has no symbols for it).
+    #[cfg(feature = "runtime")]
+    pub(crate) fn names_at(address: usize) -> Vec<String> {
+        let mut names = Vec::new();
+        backtrace::resolve(address as *mut std::ffi::c_void, |symbol| {
+            if let Some(name) = symbol.name() {
+                names.push(format!("{name:#}"));
+            }
+        });
+        names
+    }
+
+    /// Runs `f` with `stack` standing for the calling thread's stack: every allocation the
+    /// engine serves inside `f`, on this thread, records `stack` (when stacks are recorded)
+    /// instead of capturing its own. `None` changes nothing. Nested calls restore the outer
+    /// stack when they return.
+    pub fn serving<R>(stack: Option<Stack>, f: impl FnOnce() -> R) -> R {
+        let Some(stack) = stack else {
+            return f();
+        };
+        struct Restore(Option<Stack>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                SERVED.with(|served| *served.borrow_mut() = self.0.take());
+            }
+        }
+        let _restore = Restore(SERVED.with(|served| served.borrow_mut().replace(stack)));
+        f()
+    }
+
+    /// The stack of the request being served on this thread ([`Stack::serving`]), or else
+    /// this thread's own.
+    pub(crate) fn of_request() -> Self {
+        SERVED
+            .with(|served| served.borrow().clone())
+            .unwrap_or_else(Stack::capture)
+    }
+}
+
+thread_local! {
+    /// The stack [`Stack::serving`] set on this thread.
+    static SERVED: RefCell<Option<Stack>> = const { RefCell::new(None) };
 }
 
 /// Whether `frame` is one of the allocator's public entry points (`malloc`, `free`, ...),
-/// which sit between the caller and the capture.
+/// or the runtime's layout policy that captures a Burn caller's stack, which sit between the
+/// caller and the capture.
 fn is_allocator_frame(frame: &Frame) -> bool {
-    frame
-        .name
-        .trim_start_matches('<')
-        .starts_with("burn_caching_alloc::alloc::allocator::")
+    let name = frame.name.trim_start_matches('<');
+    name.starts_with("burn_caching_alloc::alloc::allocator::")
+        || name.starts_with("burn_caching_alloc::runtime::server::caller_stack::")
 }
 
 /// Resolves [`Stack`]s into [`Frame`]s, each address once.
@@ -125,6 +180,21 @@ mod tests {
     #[inline(never)]
     fn capture_here() -> Stack {
         Stack::capture()
+    }
+
+    #[test]
+    fn a_served_stack_stands_for_the_thread_s_own_until_the_closure_returns() {
+        let caller = capture_here();
+        let inner = Stack::capture();
+        let seen = Stack::serving(Some(caller.clone()), || {
+            let nested = Stack::serving(Some(inner.clone()), Stack::of_request);
+            (Stack::of_request(), nested)
+        });
+        assert_eq!(seen.0, caller);
+        assert_eq!(seen.1, inner);
+        // Outside, and with `None`, the thread's own stack again.
+        assert_ne!(Stack::of_request(), caller);
+        assert_ne!(Stack::serving(None, Stack::of_request), caller);
     }
 
     #[test]

@@ -39,7 +39,14 @@
 
 mod configure;
 mod device;
+#[cfg(feature = "train")]
+mod metric;
+mod report;
 mod stats;
+
+#[cfg(feature = "train")]
+pub use metric::{CachingMemoryMetric, MemoryMetrics, MemoryQuantity};
+pub use report::{memory_point, memory_report};
 
 pub use crate::runtime::CubeclLayerUsage;
 pub use configure::{ConfigureError, configure};

@@ -51,6 +51,6 @@ pub use driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 #[cfg(feature = "runtime")]
 pub use error::DriverError;
 #[cfg(feature = "runtime")]
-pub use server::{CachingServer, CubeclLayerUsage};
+pub use server::{CachingServer, CallerStackPolicy, CubeclLayerUsage};
 pub use storage::{EngineResource, EngineStorage, Growth, PersistentManager, persistent_manager};
 pub use stream_memory::{ReclaimCounters, ReclaimPolicy, ReserveError, StreamMemory};

@@ -9,6 +9,7 @@ mod drop;
 mod errors;
 mod expandable;
 mod layout;
+mod memory_report;
 mod miss_path;
 mod oom_report;
 mod panics;

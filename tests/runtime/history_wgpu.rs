@@ -1,93 +1,225 @@
 //! History through Burn (`backend::record_memory_history`, `dump_snapshot`, `dump_html`) on
-//! `CachingWgpu`, and what the stacks captured at the engine's `malloc` hold there: CubeCL 0.10
-//! runs every server call on its device thread (`ChannelDeviceHandle`, one thread per device
-//! on native targets), so a stack shows CubeCL's request (`ComputeClient`) down to the engine,
-//! and not the model code that called the tensor operation, which ran on another thread.
+//! the wgpu backends, and what the stacks of its blocks hold: the model's code. CubeCL 0.10
+//! serves every server call on its device thread, but applies the server's memory layout
+//! policy on the caller's thread first; the policy captures the caller's stack there and the
+//! server hands it to the engine's allocation (`src/runtime/server/caller_stack.rs`). So a
+//! block allocated by a tensor operation names the model's `forward` that called it.
+//! `caller_stacks_wgpu` checks the pairing's edge cases.
 
-use burn::tensor::Tensor;
-use burn_caching_alloc::alloc::{HistoryOptions, StackResolver, TraceAction};
-use burn_caching_alloc::backend::{self, CachingWgpu};
+use burn::backend::Autodiff;
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use burn_caching_alloc::alloc::inspect;
+use burn_caching_alloc::alloc::{Frame, HistoryOptions, Snapshot, StackResolver, TraceAction};
+use burn_caching_alloc::backend::{self, CachingWgpu, CachingWgpuUnfused};
 
 use crate::support::lavapipe::cpu_device;
 
-type B = CachingWgpu;
+type Device = burn::backend::wgpu::WgpuDevice;
 
-/// The "model": the function whose name the allocation stacks must hold.
-#[inline(never)]
-fn tiny_model_forward(device: &burn::backend::wgpu::WgpuDevice) -> Tensor<B, 2> {
-    let x = Tensor::<B, 2>::ones([123, 77], device);
-    let w = Tensor::<B, 2>::ones([77, 31], device);
-    x.matmul(w)
+/// The model whose `forward` the allocation stacks must name.
+#[derive(Module, Debug)]
+struct TinyModel<B: Backend> {
+    input: Linear<B>,
+    output: Linear<B>,
+    activation: Relu,
+}
+
+impl<B: Backend> TinyModel<B> {
+    fn new(device: &B::Device) -> Self {
+        Self {
+            input: LinearConfig::new(24, 40).init(device),
+            output: LinearConfig::new(40, 3).init(device),
+            activation: Relu::new(),
+        }
+    }
+
+    #[inline(never)]
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let hidden = self.activation.forward(self.input.forward(x));
+        self.output.forward(hidden)
+    }
+}
+
+/// A few Adam steps of `TinyModel` on `device` with stacks recorded; returns the snapshot taken
+/// with the last step's output still alive.
+fn train_with_stacks<B: AutodiffBackend<Device = Device>>(device: &Device) -> Snapshot {
+    backend::empty_cache(device);
+    backend::record_memory_history(device, HistoryOptions::default());
+    let mut model = TinyModel::<B>::new(device);
+    let mut optim = AdamConfig::new().init();
+    let x = Tensor::<B, 2>::from_data(TensorData::new(vec![0.5f32; 32 * 24], [32, 24]), device);
+    let mut kept = None;
+    for _ in 0..3 {
+        let y = model.forward(x.clone());
+        let loss = y.clone().powi_scalar(2).mean();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(1e-2, model, grads);
+        kept = Some(y);
+    }
+    let kept = kept.expect("three steps");
+    assert_eq!(kept.dims(), [32, 3]);
+    let snapshot = backend::memory_snapshot(device);
+    backend::record_memory_history(device, HistoryOptions::off());
+    drop((kept, x, model, optim));
+    backend::empty_cache(device);
+    snapshot
+}
+
+fn names(frames: &[Frame]) -> Vec<&str> {
+    frames.iter().map(|f| f.name.as_str()).collect()
+}
+
+fn is_forward(frame: &Frame) -> bool {
+    frame.name.contains("TinyModel<") && frame.name.ends_with("::forward")
 }
 
 #[test]
-fn stacks_through_burn_show_cubecls_request_served_on_its_device_thread() {
+fn stacks_of_blocks_allocated_through_burn_name_the_models_forward() {
     let Some((device, _turn)) = cpu_device() else {
         return;
     };
-    backend::empty_cache(&device);
-    backend::record_memory_history(&device, HistoryOptions::default());
-    let y = tiny_model_forward(&device);
-    assert_eq!(y.clone().into_data().to_vec::<f32>().expect("f32")[0], 77.0);
-
-    let snapshot = backend::memory_snapshot(&device);
+    let snapshot = train_with_stacks::<Autodiff<CachingWgpuUnfused>>(&device);
     let mut resolver = StackResolver::new();
-    let allocs: Vec<_> = snapshot
+
+    // Every allocation of the forward passes: its stack runs from CubeCL's client call (on
+    // the caller's thread, not the device thread) through Burn's operation to the model.
+    let allocs: Vec<Vec<Frame>> = snapshot
         .history
         .iter()
         .filter(|e| e.action == TraceAction::Alloc)
+        .map(|e| resolver.frames(e.stack.as_ref().expect("stacks recorded")))
         .collect();
-    assert!(allocs.len() >= 3, "x, w and y: {:?}", snapshot.history);
-    let stacks: Vec<Vec<String>> = allocs
+    let in_forward: Vec<&Vec<Frame>> = allocs
         .iter()
-        .map(|e| {
-            resolver
-                .frames(e.stack.as_ref().expect("stacks recorded"))
-                .into_iter()
-                .map(|f| f.name)
-                .collect()
-        })
+        .filter(|frames| frames.iter().any(is_forward))
         .collect();
-    println!("frames of one allocation through Burn, innermost first:");
-    for name in stacks[0].iter().take(14) {
+    println!(
+        "{} of {} allocations name TinyModel::forward; one of them, innermost first:",
+        in_forward.len(),
+        allocs.len()
+    );
+    for name in names(in_forward.first().expect("a forward allocation"))
+        .iter()
+        .take(24)
+    {
         println!("  {name}");
     }
-    for names in &stacks {
+    // Three steps, each at least the two linear layers' outputs and the activation.
+    assert!(in_forward.len() >= 9, "{}", in_forward.len());
+    for frames in &in_forward {
+        let names = names(frames);
         let has = |part: &str| names.iter().any(|n| n.contains(part));
-        // The capture and the allocator's entry point are not in the stack: it starts at the
-        // caller of `malloc`, CubeCL's storage.
         assert!(
-            !has("Stack::capture") && !has("CachingAllocator"),
+            names[0].starts_with("cubecl_runtime::client::ComputeClient"),
+            "the stack starts at CubeCL's client call: {names:#?}"
+        );
+        assert!(
+            !has("ChannelDeviceHandle"),
+            "not the device thread: {names:#?}"
+        );
+        assert!(
+            !has("EngineStorage") && !has("CallerStackPolicy"),
             "{names:#?}"
         );
-        assert!(has("EngineStorage"), "{names:#?}");
-        // CubeCL's request, served on its device thread.
-        assert!(has("cubecl_runtime::client::ComputeClient"), "{names:#?}");
-        assert!(has("ChannelDeviceHandle"), "{names:#?}");
+        assert!(has("burn_"), "Burn's operation: {names:#?}");
         assert!(
-            !has("tiny_model_forward"),
-            "on the caller's thread after all: {names:#?}"
+            has("stacks_of_blocks_allocated_through_burn_name_the_models_forward"),
+            "down to the test: {names:#?}"
         );
     }
 
-    let dir = std::env::temp_dir();
-    let pickle = dir.join(format!("burn-history-{}.pickle", std::process::id()));
-    let html = dir.join(format!("burn-history-{}.html", std::process::id()));
-    backend::dump_snapshot(&device, &pickle).expect("snapshot written");
-    backend::dump_html(&device, &html).expect("viewer written");
-    assert_eq!(&std::fs::read(&pickle).expect("read")[..2], &[0x80, 2]);
-    let page = std::fs::read_to_string(&html).expect("read");
-    assert!(page.contains("CubeCL layer: cached in free slices"));
+    // The live block of the last step's output (32 x 3 f32) carries the same stack.
+    let output_blocks: Vec<Vec<Frame>> = snapshot
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.requested_size == 32 * 3 * 4)
+        .filter_map(|b| b.stack.as_ref().map(|s| resolver.frames(s)))
+        .collect();
     assert!(
-        page.contains("ComputeClient"),
-        "the page carries the stacks"
+        output_blocks
+            .iter()
+            .any(|frames| frames.iter().any(is_forward)),
+        "the live output's block names forward: {output_blocks:#?}"
     );
-    let _ = std::fs::remove_file(pickle);
-    let _ = std::fs::remove_file(html);
 
-    backend::record_memory_history(&device, HistoryOptions::off());
-    drop(y);
-    backend::empty_cache(&device);
+    // The pickle and the viewer carry the model's frames. With HISTORY_VIEWER_OUT set, the
+    // page is written there and the output's block named for `#select=S:B` (how
+    // docs/viewer-model-frames.png was rendered).
+    let page = inspect::viewer_html(&snapshot, "TinyModel on CachingWgpuUnfused", &[]);
+    if let Some(path) = std::env::var_os("HISTORY_VIEWER_OUT") {
+        std::fs::write(&path, &page).expect("viewer written");
+        for (s, segment) in snapshot.segments.iter().enumerate() {
+            for (b, block) in segment.blocks.iter().enumerate() {
+                if block.requested_size == 32 * 3 * 4 {
+                    println!("the output's block: #select={s}:{b}");
+                }
+            }
+        }
+    }
+    assert!(
+        page.matches("TinyModel<").count() > 1,
+        "the page carries the model's frames"
+    );
+    let pickle = inspect::torch_snapshot_pickle(&snapshot, 0);
+    let needle = b"::forward";
+    assert!(
+        pickle.windows(needle.len()).any(|w| w == needle),
+        "the pickle carries the model's frames"
+    );
+}
+
+/// Under Burn's fusion (`CachingWgpu`), operations are registered with burn-fusion's server,
+/// which runs on a device thread of its own (`GlobalFusionClient::register` submits through
+/// CubeCL's `ChannelDeviceHandle`) and allocates when it executes the queued operations. The
+/// CubeCL client call is then made on that thread: the stack names burn-fusion's execution
+/// and the operation executed (`RandomOps`, a fused block, ...), never the `forward` that
+/// queued it. This test checks exactly that.
+#[test]
+fn under_fusion_stacks_name_burn_fusions_execution_not_the_model() {
+    let Some((device, _turn)) = cpu_device() else {
+        return;
+    };
+    let snapshot = train_with_stacks::<Autodiff<CachingWgpu>>(&device);
+    let mut resolver = StackResolver::new();
+    let allocs: Vec<Vec<Frame>> = snapshot
+        .history
+        .iter()
+        .filter(|e| e.action == TraceAction::Alloc)
+        .map(|e| resolver.frames(e.stack.as_ref().expect("stacks recorded")))
+        .collect();
+    let fused = allocs
+        .iter()
+        .filter(|frames| names(frames).iter().any(|n| n.starts_with("burn_fusion::")))
+        .count();
+    let in_forward = allocs
+        .iter()
+        .filter(|frames| frames.iter().any(is_forward))
+        .count();
+    println!(
+        "{} allocations: {fused} in burn-fusion's execution, {in_forward} naming forward",
+        allocs.len()
+    );
+    if let Some(frames) = allocs
+        .iter()
+        .find(|frames| names(frames).iter().any(|n| n.starts_with("burn_fusion::")))
+    {
+        for name in names(frames).iter().take(24) {
+            println!("  {name}");
+        }
+    }
+    assert!(
+        fused > 0,
+        "fused operations allocate in burn-fusion's execution"
+    );
+    assert_eq!(
+        in_forward, 0,
+        "the caller's thread is not where fusion allocates"
+    );
 }
 
 /// `BURN_CACHING_ALLOC_OOM_SNAPSHOT`, set before the device opens, makes the first
@@ -123,8 +255,8 @@ fn the_oom_snapshot_variable_writes_a_snapshot_at_the_first_out_of_memory() {
     let total = backend::memory_stats(&device).device.total;
     backend::set_per_process_memory_fraction(&device, (32 * MIB) as f64 / total as f64)
         .expect("valid fraction");
-    let live = Tensor::<B, 1>::ones([4 * MIB as usize], &device); // 16 MiB
-    let err = Tensor::<B, 1>::ones([5 * MIB as usize], &device) // 20 MiB more
+    let live = Tensor::<CachingWgpu, 1>::ones([4 * MIB as usize], &device); // 16 MiB
+    let err = Tensor::<CachingWgpu, 1>::ones([5 * MIB as usize], &device) // 20 MiB more
         .try_into_data()
         .expect_err("36 MiB cannot fit under a 32 MiB cap");
     let message = format!("{err:?}");

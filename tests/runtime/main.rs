@@ -3,9 +3,11 @@
 //! - `faults`: dropped stream memory and a poisoned engine at the runtime layer;
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
-//! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `configure_wgpu`, `expandable_wgpu`,
-//!   `history_wgpu`, `oom_observers_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on `CachingWgpu`
-//!   (fused) and `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
+//! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`,
+//!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `memory_report_wgpu`,
+//!   `oom_observers_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on `CachingWgpu` (fused) and
+//!   `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
+//!   `memory_metric_wgpu` (features `wgpu` and `train`): the burn-train metrics;
 //! - `multi_device_wgpu` (feature `wgpu`): two caching devices in one process (`Cpu` and
 //!   `DefaultDevice`, both lavapipe in CI), tensors moved between them;
 //!   `multi_device_train_wgpu`: data-parallel training across the two, against one device;
@@ -42,11 +44,17 @@ mod burn_mlp_wgpu;
 #[cfg(feature = "wgpu")]
 mod burn_oom_wgpu;
 #[cfg(feature = "wgpu")]
+mod caller_stacks_wgpu;
+#[cfg(feature = "wgpu")]
 mod configure_wgpu;
 #[cfg(feature = "wgpu")]
 mod expandable_wgpu;
 #[cfg(feature = "wgpu")]
 mod history_wgpu;
+#[cfg(all(feature = "wgpu", feature = "train"))]
+mod memory_metric_wgpu;
+#[cfg(feature = "wgpu")]
+mod memory_report_wgpu;
 #[cfg(all(feature = "wgpu", feature = "train"))]
 mod multi_device_learner_wgpu;
 #[cfg(feature = "wgpu")]

@@ -18,9 +18,12 @@
 //! - `layer_usage`: CubeCL's layer in numbers, for `memory_stats`;
 //! - `comm`: tensors moved to another device's server and all-reduce across devices, through
 //!   host memory (CubeCL's `ServerCommunication`).
+//! - `caller_stack`: the layout policy that captures the caller's stack of each reservation,
+//!   and the per-stream queue the reservation takes it from.
 //!
 //! The device API itself is the [`Driver`]'s.
 
+mod caller_stack;
 mod checks;
 mod comm;
 #[cfg(test)]
@@ -34,6 +37,7 @@ mod streams;
 #[cfg(test)]
 mod tests;
 
+pub use caller_stack::CallerStackPolicy;
 pub(crate) use checks::is_contiguous;
 pub use layer_usage::CubeclLayerUsage;
 
@@ -45,7 +49,6 @@ use cubecl_common::future::DynFut;
 use cubecl_common::profile::ProfileDuration;
 use cubecl_common::stream_id::StreamId as CubeStreamId;
 use cubecl_ir::MemoryDeviceProperties;
-use cubecl_runtime::allocator::ContiguousMemoryLayoutPolicy;
 use cubecl_runtime::compiler::CubeTask;
 use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
 use cubecl_runtime::logging::ServerLogger;
@@ -64,8 +67,9 @@ use super::driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 use super::env::{oom_snapshot_path, startup_config};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
-use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, ObserverThread};
+use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, ObserverThread, Stack};
 use crate::device::DeviceMemory;
+use caller_stack::CallerStacks;
 use kernels::KernelCache;
 use ordering::{
     BufferUse, PendingUses, hold_until_done, note_rewrites, order_after, release_completed,
@@ -90,6 +94,7 @@ pub struct CachingServer<D: Driver> {
     kernels: KernelCache<D>,
     profiler: TimestampProfiler,
     cubecl_usage: Arc<Mutex<CubeclLayerUsage>>,
+    caller_stacks: Arc<CallerStacks>,
     utilities: Arc<ServerUtilities<Self>>,
     comm: comm::CommState,
 }
@@ -126,7 +131,12 @@ impl<D: Driver> CachingServer<D> {
                 cubecl: cubecl_usage.clone(),
             },
         );
-        let layout = ContiguousMemoryLayoutPolicy::new(memory_properties.alignment as usize);
+        let caller_stacks = Arc::new(CallerStacks::default());
+        let layout = CallerStackPolicy::new(
+            memory_properties.alignment as usize,
+            allocator.clone(),
+            caller_stacks.clone(),
+        );
         let logger = Arc::new(ServerLogger::default());
         let utilities = ServerUtilities::new(properties, logger, driver.info(), layout);
         let max_streams = CubeClRuntimeConfig::get().streaming.max_streams as usize;
@@ -141,6 +151,7 @@ impl<D: Driver> CachingServer<D> {
             kernels: KernelCache::new(),
             profiler: TimestampProfiler::default(),
             cubecl_usage,
+            caller_stacks,
             utilities: Arc::new(utilities),
             comm: comm::CommState::default(),
         }
@@ -347,7 +358,7 @@ impl<D: Driver> DeviceService for CachingServer<D> {
 impl<D: Driver> ComputeServer for CachingServer<D> {
     type Kernel = Box<dyn CubeTask<D::Compiler>>;
     type Info = D::Info;
-    type MemoryLayoutPolicy = ContiguousMemoryLayoutPolicy;
+    type MemoryLayoutPolicy = CallerStackPolicy<D::Memory>;
     type Storage = super::storage::EngineStorage<D::Memory>;
 
     fn initialize_memory(
@@ -356,7 +367,10 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         size: u64,
         stream_id: CubeStreamId,
     ) {
-        let bound = self.reserve_bound(memory, size, stream_id);
+        // The stack the policy captured on the caller's thread for this reservation (taken
+        // even if the reservation fails, so the next one pairs with its own).
+        let caller = self.caller_stacks.take(stream_id, size);
+        let bound = Stack::serving(caller, || self.reserve_bound(memory, size, stream_id));
         if let Err(err) = bound {
             self.push_error(stream_id, err);
         }

@@ -1,0 +1,246 @@
+//! burn-train metrics of the caching allocator's memory (feature `train`): the bytes of live
+//! tensors and of reserved segments beside the loss on `SupervisedTraining`'s dashboard.
+//!
+//! ```ignore
+//! use burn_caching_alloc::backend::MemoryMetrics;
+//!
+//! let training = SupervisedTraining::new(dir, train, valid)
+//!     .metrics((LossMetric::new(),))
+//!     .metrics(MemoryMetrics::new(&device).all()); // train and valid
+//! ```
+//!
+//! Each metric is numeric, in MiB: [`MemoryQuantity::Allocated`] (bytes of live tensors,
+//! `memory_allocated`), [`MemoryQuantity::Reserved`] (the engine's segments,
+//! `memory_reserved`), and the peaks **since the previous reading** of the group:
+//! [`MemoryQuantity::PeakAllocated`] (the engine's peak of allocated blocks, which counts
+//! CubeCL's free slices too; equal to the live tensors' peak while history is recorded) and
+//! [`MemoryQuantity::PeakReserved`]. To give peaks per reading, a group that holds a peak
+//! metric resets the device's peak statistics (`reset_peak_memory_stats`) at every reading.
+//!
+//! The metrics of one [`MemoryMetrics`] group share their readings: within one update round
+//! (burn-train updates every metric once per item) the first metric reads `memory_stats` and
+//! the others show the same reading, so the four numbers of a step belong together.
+
+use std::sync::Arc;
+
+use burn_train::metric::{
+    Metric, MetricAttributes, MetricMetadata, MetricName, Numeric, NumericAttributes, NumericEntry,
+    SerializedEntry,
+};
+use parking_lot::Mutex;
+
+use super::{CachingDevice, memory_stats, reset_peak_memory_stats};
+use crate::alloc::MIB;
+
+/// Which number of the device a [`CachingMemoryMetric`] shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryQuantity {
+    /// Bytes of live tensors (`CachingMemoryStats::memory_allocated`).
+    Allocated,
+    /// Bytes of the engine's device segments (`memory_reserved`).
+    Reserved,
+    /// The engine's peak of allocated blocks since the group's previous reading.
+    PeakAllocated,
+    /// The peak of reserved bytes since the group's previous reading.
+    PeakReserved,
+}
+
+impl MemoryQuantity {
+    fn label(self) -> &'static str {
+        match self {
+            MemoryQuantity::Allocated => "GPU Memory Allocated",
+            MemoryQuantity::Reserved => "GPU Memory Reserved",
+            MemoryQuantity::PeakAllocated => "GPU Memory Peak Allocated",
+            MemoryQuantity::PeakReserved => "GPU Memory Peak Reserved",
+        }
+    }
+
+    fn is_peak(self) -> bool {
+        matches!(
+            self,
+            MemoryQuantity::PeakAllocated | MemoryQuantity::PeakReserved
+        )
+    }
+}
+
+/// One reading of the four numbers, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Reading {
+    allocated: u64,
+    reserved: u64,
+    peak_allocated: u64,
+    peak_reserved: u64,
+}
+
+impl Reading {
+    fn get(&self, quantity: MemoryQuantity) -> u64 {
+        match quantity {
+            MemoryQuantity::Allocated => self.allocated,
+            MemoryQuantity::Reserved => self.reserved,
+            MemoryQuantity::PeakAllocated => self.peak_allocated,
+            MemoryQuantity::PeakReserved => self.peak_reserved,
+        }
+    }
+}
+
+/// What the metrics of one group share.
+#[derive(Default)]
+struct Shared {
+    /// Readings taken so far; 0: none.
+    generation: u64,
+    reading: Reading,
+    /// Whether a peak metric belongs to the group (then readings reset the peaks).
+    peaks: bool,
+}
+
+/// The metrics of one device that share their readings.
+pub struct MemoryMetrics<Dev: CachingDevice> {
+    device: Dev,
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl<Dev: CachingDevice + Clone + Send + Sync> MemoryMetrics<Dev> {
+    /// A group of metrics of `device`.
+    pub fn new(device: &Dev) -> Self {
+        Self {
+            device: device.clone(),
+            shared: Arc::new(Mutex::new(Shared::default())),
+        }
+    }
+
+    /// The metric of `quantity` in this group.
+    pub fn metric(&self, quantity: MemoryQuantity) -> CachingMemoryMetric<Dev> {
+        if quantity.is_peak() {
+            self.shared.lock().peaks = true;
+        }
+        CachingMemoryMetric {
+            device: self.device.clone(),
+            quantity,
+            name: Arc::new(quantity.label().to_string()),
+            shared: self.shared.clone(),
+            seen: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Allocated, reserved, peak allocated and peak reserved, as a tuple for
+    /// `SupervisedTraining::metrics` (which registers each for training and validation).
+    #[allow(clippy::type_complexity)]
+    pub fn all(
+        &self,
+    ) -> (
+        CachingMemoryMetric<Dev>,
+        CachingMemoryMetric<Dev>,
+        CachingMemoryMetric<Dev>,
+        CachingMemoryMetric<Dev>,
+    ) {
+        (
+            self.metric(MemoryQuantity::Allocated),
+            self.metric(MemoryQuantity::Reserved),
+            self.metric(MemoryQuantity::PeakAllocated),
+            self.metric(MemoryQuantity::PeakReserved),
+        )
+    }
+}
+
+/// A burn-train numeric metric of one of a device's memory numbers, in MiB (see the module
+/// documentation). Its input is `()`: it reads the device, not the model's output.
+pub struct CachingMemoryMetric<Dev: CachingDevice> {
+    device: Dev,
+    quantity: MemoryQuantity,
+    name: MetricName,
+    shared: Arc<Mutex<Shared>>,
+    /// The generation of the reading shown.
+    seen: u64,
+    bytes: u64,
+}
+
+impl<Dev: CachingDevice + Clone> Clone for CachingMemoryMetric<Dev> {
+    fn clone(&self) -> Self {
+        Self {
+            device: self.device.clone(),
+            quantity: self.quantity,
+            name: self.name.clone(),
+            shared: self.shared.clone(),
+            seen: self.seen,
+            bytes: self.bytes,
+        }
+    }
+}
+
+impl<Dev: CachingDevice + Clone + Send + Sync> CachingMemoryMetric<Dev> {
+    /// What the metric shows, in bytes (after its last update).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The number shown: the group's current reading, or a new one when this metric has
+    /// already shown the current one.
+    fn read(&mut self) -> u64 {
+        let mut shared = self.shared.lock();
+        if shared.generation == 0 || shared.generation == self.seen {
+            let stats = memory_stats(&self.device);
+            shared.reading = Reading {
+                allocated: stats.memory_allocated(),
+                reserved: stats.memory_reserved(),
+                peak_allocated: stats.engine.max_memory_allocated(),
+                peak_reserved: stats.max_memory_reserved(),
+            };
+            if shared.peaks {
+                reset_peak_memory_stats(&self.device);
+            }
+            shared.generation += 1;
+        }
+        self.seen = shared.generation;
+        shared.reading.get(self.quantity)
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / MIB as f64
+}
+
+impl<Dev: CachingDevice + Clone + Send + Sync> Metric for CachingMemoryMetric<Dev> {
+    type Input = ();
+
+    fn name(&self) -> MetricName {
+        self.name.clone()
+    }
+
+    fn description(&self) -> Option<String> {
+        Some(match self.quantity {
+            MemoryQuantity::Allocated => "Bytes of live tensors (memory_allocated)".into(),
+            MemoryQuantity::Reserved => "Bytes of the allocator's segments".into(),
+            MemoryQuantity::PeakAllocated => {
+                "Peak of allocated blocks since the last reading".into()
+            }
+            MemoryQuantity::PeakReserved => "Peak of reserved bytes since the last reading".into(),
+        })
+    }
+
+    fn attributes(&self) -> MetricAttributes {
+        NumericAttributes {
+            unit: Some("MiB".to_string()),
+            higher_is_better: false,
+        }
+        .into()
+    }
+
+    fn update(&mut self, _item: &(), _metadata: &MetricMetadata) -> SerializedEntry {
+        self.bytes = self.read();
+        let value = mib(self.bytes);
+        SerializedEntry::new(format!("{value:.2} MiB"), value.to_string())
+    }
+
+    fn clear(&mut self) {}
+}
+
+impl<Dev: CachingDevice + Clone + Send + Sync> Numeric for CachingMemoryMetric<Dev> {
+    fn value(&self) -> NumericEntry {
+        NumericEntry::Value(mib(self.bytes))
+    }
+
+    fn running_value(&self) -> NumericEntry {
+        NumericEntry::Value(mib(self.bytes))
+    }
+}

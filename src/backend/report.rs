@@ -1,0 +1,42 @@
+//! "Leak or cache?" for a Burn device in one call: [`memory_report`].
+//!
+//! ```ignore
+//! let before = backend::memory_point(&device);
+//! // ... an epoch ...
+//! let report = backend::memory_report(&device, Some(&before));
+//! println!("{report}"); // LEAK? / CACHE / OVERSIZED / STEADY, with the numbers behind it
+//! ```
+//!
+//! The analysis is the engine's ([`MemoryReport`]); this side supplies what only the device
+//! knows: the bytes of live tensors ([`CachingMemoryStats::memory_allocated`]) and what is free
+//! in CubeCL's slices ([`CachingMemoryStats::cached_in_cubecl`]). The engine counts CubeCL's
+//! free slices as allocated blocks, so blocks listed as held since the first point may include
+//! slices CubeCL keeps for reuse (their total is the report's "free in CubeCL's slices");
+//! while history is recorded, CubeCL hands every freed slice back at the next reservation and
+//! the held blocks are exactly the live tensors.
+
+use super::{CachingDevice, CachingMemoryStats, memory_snapshot, memory_stats};
+use crate::alloc::{MemoryPoint, MemoryReport};
+
+/// One reading of `device`'s memory, to compare with a later one in [`memory_report`].
+pub fn memory_point<Dev: CachingDevice>(device: &Dev) -> MemoryPoint {
+    let stats: CachingMemoryStats = memory_stats(device);
+    let snapshot = memory_snapshot(device);
+    MemoryPoint::with_layer_above(snapshot, stats.memory_allocated(), stats.cached_in_cubecl())
+}
+
+/// What `device`'s memory is doing: since `before` when given (live tensors growing:
+/// something holds them; reserved growing with live tensors flat: the cache), and now (what
+/// each layer has free, how fragmented, what `empty_cache` would give back, and the requests
+/// whose segment is much larger than they asked, with the rules that made it). Its `Display`
+/// is the text a user reads.
+pub fn memory_report<Dev: CachingDevice>(
+    device: &Dev,
+    before: Option<&MemoryPoint>,
+) -> MemoryReport {
+    let now = memory_point(device);
+    match before {
+        Some(before) => MemoryReport::between(before, &now),
+        None => MemoryReport::at(&now),
+    }
+}
