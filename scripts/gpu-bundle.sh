@@ -101,8 +101,8 @@ if [ ! -x "$STAGE/bin/test-conformance_cuda" ]; then
     log "ERROR: cargo built no conformance_cuda test binary"
     exit 1
 fi
-# Listing runs no test and needs no GPU. The placeholder test of a build without the cfg is
-# not the suite: at least two tests must be listed.
+# Listing runs no test and needs no GPU. A build without the cfg lists no test: at least two
+# tests must be listed.
 CONFORMANCE_TESTS=$("$STAGE/bin/test-conformance_cuda" --list 2>/dev/null | grep -c ': test$' || true)
 if [ "${CONFORMANCE_TESTS:-0}" -lt 2 ]; then
     log "ERROR: the conformance binary lists ${CONFORMANCE_TESTS:-0} tests: built without --cfg gpu_conformance?"

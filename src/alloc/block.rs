@@ -3,6 +3,17 @@
 //! A segment is one device allocation. Its blocks cover it exactly, in address order, linked
 //! through `prev`/`next`. A block is allocated, free (in its pool's free list), or freed by
 //! its owner but still waiting for events on other streams before it may be reused.
+//!
+//! [`Blocks`] is the block list: the only code that links, splits and merges blocks. The
+//! engine asks it for a new segment ([`Blocks::new_segment`]), to carve a free block off one
+//! end of another ([`Blocks::split_off`]), for the free neighbours of a block
+//! ([`Blocks::free_neighbours`]) and to merge one into it ([`Blocks::merge`]), to walk a
+//! segment ([`Blocks::segment_blocks`]) and to drop a segment ([`Blocks::remove_segment`]);
+//! what the engine keeps beside the list (free lists, the unmapped index, statistics) stays
+//! the engine's.
+
+use std::fmt;
+use std::ops::{Index, IndexMut};
 
 use serde::{Deserialize, Serialize};
 use slab::Slab;
@@ -10,8 +21,39 @@ use slab::Slab;
 use super::size::PoolKind;
 use crate::device::StreamId;
 
-pub(crate) type BlockId = usize;
-pub(crate) type SegmentId = usize;
+/// A block of the block list. Printed as its number.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct BlockId(usize);
+
+/// A segment of the block list. Printed as its number.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct SegmentId(usize);
+
+macro_rules! id_as_number {
+    ($id:ty) => {
+        impl fmt::Debug for $id {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&self.0, f)
+            }
+        }
+
+        impl fmt::Display for $id {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+    };
+}
+id_as_number!(BlockId);
+id_as_number!(SegmentId);
+
+#[cfg(test)]
+impl BlockId {
+    /// A made-up id, for tests of structures that only store ids.
+    pub fn for_test(id: usize) -> Self {
+        Self(id)
+    }
+}
 
 /// What a block is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,17 +67,36 @@ pub enum BlockState {
     Inactive,
 }
 
+/// Whether pages back a block's address range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backing {
+    /// Backed by device memory: every block outside expandable segments.
+    Mapped,
+    /// Reserved address space at page boundaries with no pages behind it (expandable
+    /// segments only); free, and in no free list.
+    Unmapped,
+}
+
+/// Which end of a block [`Blocks::split_off`] carves from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum End {
+    /// The low addresses: the new block comes before the old one.
+    Front,
+    /// The high addresses: the new block comes after the old one.
+    Back,
+}
+
 #[derive(Debug)]
 pub(crate) struct Block {
-    pub segment: SegmentId,
+    segment: SegmentId,
     /// Offset inside the segment.
-    pub offset: u64,
-    pub size: u64,
+    offset: u64,
+    size: u64,
+    prev: Option<BlockId>,
+    next: Option<BlockId>,
     /// What the owner asked for (0 when free).
     pub requested: u64,
     pub state: BlockState,
-    pub prev: Option<BlockId>,
-    pub next: Option<BlockId>,
     /// Other streams this block was used on while allocated.
     pub stream_uses: Vec<StreamId>,
     /// Events still pending before a pending-free block becomes free.
@@ -45,42 +106,75 @@ pub(crate) struct Block {
     /// The large pool's search count when the block was last put in a free list: its
     /// garbage-collection age is the count now minus this (PyTorch's `gc_count_base`).
     pub gc_base: u64,
-    /// Whether pages back the block. Always true outside expandable segments; an unmapped
-    /// block is reserved address space at page boundaries, in no free list.
-    pub mapped: bool,
+    /// Whether pages back the block. Always mapped outside expandable segments.
+    pub backing: Backing,
 }
 
 impl Block {
-    /// A free block of `size` bytes at `offset` of `segment`, between `prev` and `next`
-    /// (the caller links those back), backed by pages or not (`mapped`).
-    pub fn free(
-        segment: SegmentId,
-        offset: u64,
-        size: u64,
-        prev: Option<BlockId>,
-        next: Option<BlockId>,
-        mapped: bool,
-    ) -> Self {
+    /// A free, unlinked block of `size` bytes at `offset` of `segment`.
+    fn free(segment: SegmentId, offset: u64, size: u64, backing: Backing) -> Self {
         Self {
             segment,
             offset,
             size,
+            prev: None,
+            next: None,
             requested: 0,
             state: BlockState::Inactive,
-            prev,
-            next,
             stream_uses: Vec::new(),
             pending_events: 0,
             allocation_id: 0,
             gc_base: 0,
-            mapped,
+            backing,
         }
+    }
+
+    /// The segment the block lies in.
+    pub fn segment(&self) -> SegmentId {
+        self.segment
+    }
+
+    /// Offset inside the segment.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The block just below in the segment.
+    pub fn prev(&self) -> Option<BlockId> {
+        self.prev
+    }
+
+    /// The block just above in the segment.
+    pub fn next(&self) -> Option<BlockId> {
+        self.next
+    }
+
+    /// Whether pages back the block.
+    pub fn is_mapped(&self) -> bool {
+        self.backing == Backing::Mapped
     }
 
     /// Whether the block shares its segment with other blocks.
     pub fn is_split(&self) -> bool {
         self.prev.is_some() || self.next.is_some()
     }
+}
+
+/// A segment as the engine creates it; [`Blocks::new_segment`] links its first block.
+#[derive(Debug)]
+pub(crate) struct NewSegment<H> {
+    pub address: u64,
+    pub size: u64,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    pub handle: H,
+    /// An expandable segment: a reserved range whose blocks may be unmapped; `size` is the
+    /// whole range and only mapped bytes count as reserved.
+    pub expandable: bool,
 }
 
 #[derive(Debug)]
@@ -90,18 +184,25 @@ pub(crate) struct Segment<H> {
     pub stream: StreamId,
     pub pool: PoolKind,
     pub handle: H,
-    /// The block at offset 0.
-    pub first: BlockId,
     /// An expandable segment: a reserved range whose blocks may be unmapped; `size` is the
     /// whole range and only mapped bytes count as reserved.
     pub expandable: bool,
+    /// The block at offset 0.
+    first: BlockId,
 }
 
-/// Every block and segment the engine holds.
+impl<H> Segment<H> {
+    /// The block at offset 0.
+    pub fn first(&self) -> BlockId {
+        self.first
+    }
+}
+
+/// Every block and segment the engine holds: the block list.
 #[derive(Debug)]
 pub(crate) struct Blocks<H> {
-    pub blocks: Slab<Block>,
-    pub segments: Slab<Segment<H>>,
+    blocks: Slab<Block>,
+    segments: Slab<Segment<H>>,
 }
 
 impl<H> Default for Blocks<H> {
@@ -113,26 +214,191 @@ impl<H> Default for Blocks<H> {
     }
 }
 
+impl<H> Index<BlockId> for Blocks<H> {
+    type Output = Block;
+
+    fn index(&self, block: BlockId) -> &Block {
+        &self.blocks[block.0]
+    }
+}
+
+impl<H> IndexMut<BlockId> for Blocks<H> {
+    fn index_mut(&mut self, block: BlockId) -> &mut Block {
+        &mut self.blocks[block.0]
+    }
+}
+
 impl<H> Blocks<H> {
+    /// A block, `None` when it is not in the list.
+    pub fn get(&self, block: BlockId) -> Option<&Block> {
+        self.blocks.get(block.0)
+    }
+
+    /// Every block, in id order.
+    pub fn iter(&self) -> impl Iterator<Item = (BlockId, &Block)> + '_ {
+        self.blocks.iter().map(|(id, b)| (BlockId(id), b))
+    }
+
+    /// How many blocks the list holds.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn segment(&self, segment: SegmentId) -> &Segment<H> {
+        &self.segments[segment.0]
+    }
+
+    /// A segment, `None` when it is not in the list.
+    pub fn get_segment(&self, segment: SegmentId) -> Option<&Segment<H>> {
+        self.segments.get(segment.0)
+    }
+
+    /// Every segment, in id order.
+    pub fn segments(&self) -> impl Iterator<Item = (SegmentId, &Segment<H>)> + '_ {
+        self.segments.iter().map(|(id, s)| (SegmentId(id), s))
+    }
+
+    /// The segment `block` lies in.
+    pub fn segment_of(&self, block: BlockId) -> &Segment<H> {
+        self.segment(self[block].segment)
+    }
+
     /// The device address of a block.
     pub fn address(&self, block: BlockId) -> u64 {
-        let b = &self.blocks[block];
-        self.segments[b.segment].address + b.offset
+        self.segment_of(block).address + self[block].offset
     }
 
     pub fn stream(&self, block: BlockId) -> StreamId {
-        self.segments[self.blocks[block].segment].stream
+        self.segment_of(block).stream
     }
 
     pub fn pool(&self, block: BlockId) -> PoolKind {
-        self.segments[self.blocks[block].segment].pool
+        self.segment_of(block).pool
     }
 
     /// Blocks of a segment in address order.
     pub fn segment_blocks(&self, segment: SegmentId) -> SegmentBlocks<'_, H> {
         SegmentBlocks {
             blocks: self,
-            next: Some(self.segments[segment].first),
+            next: Some(self.segment(segment).first),
+        }
+    }
+
+    /// Adds a segment tiled by one free block, which it returns.
+    pub fn new_segment(&mut self, segment: NewSegment<H>, backing: Backing) -> BlockId {
+        let NewSegment {
+            address,
+            size,
+            stream,
+            pool,
+            handle,
+            expandable,
+        } = segment;
+        let segment_id = SegmentId(self.segments.vacant_key());
+        let first = BlockId(
+            self.blocks
+                .insert(Block::free(segment_id, 0, size, backing)),
+        );
+        let inserted = self.segments.insert(Segment {
+            address,
+            size,
+            stream,
+            pool,
+            handle,
+            expandable,
+            first,
+        });
+        debug_assert_eq!(inserted, segment_id.0);
+        first
+    }
+
+    /// Removes the segment that `block` tiles alone, with `block`, and returns the segment.
+    pub fn remove_segment(&mut self, block: BlockId) -> Segment<H> {
+        debug_assert!(
+            !self[block].is_split(),
+            "the block does not tile its segment"
+        );
+        let segment = self.blocks.remove(block.0).segment;
+        self.segments.remove(segment.0)
+    }
+
+    /// Carves `size` bytes off the `end` of `block` (`size` less than its size) into a new
+    /// free block backed as `backing`, linked in beside it, and returns the new block;
+    /// `block` keeps the rest.
+    pub fn split_off(&mut self, block: BlockId, end: End, size: u64, backing: Backing) -> BlockId {
+        let b = &self[block];
+        debug_assert!(
+            size > 0 && size < b.size,
+            "a split leaves both parts non-empty"
+        );
+        let (segment, offset) = match end {
+            End::Front => (b.segment, b.offset),
+            End::Back => (b.segment, b.offset + b.size - size),
+        };
+        let new = BlockId(
+            self.blocks
+                .insert(Block::free(segment, offset, size, backing)),
+        );
+        let b = &mut self[block];
+        b.size -= size;
+        let (prev, next) = match end {
+            End::Front => {
+                b.offset += size;
+                let prev = b.prev.replace(new);
+                (prev, Some(block))
+            }
+            End::Back => {
+                let next = b.next.replace(new);
+                (Some(block), next)
+            }
+        };
+        let n = &mut self[new];
+        n.prev = prev;
+        n.next = next;
+        match prev {
+            Some(p) => self[p].next = Some(new),
+            None => self.segments[segment.0].first = new,
+        }
+        if let Some(n) = next {
+            self[n].prev = Some(new);
+        }
+        new
+    }
+
+    /// The neighbours of `block` that are free and backed as `backing`: those
+    /// [`Blocks::merge`] may merge into it.
+    pub fn free_neighbours(&self, block: BlockId, backing: Backing) -> Vec<BlockId> {
+        let b = &self[block];
+        [b.prev, b.next]
+            .into_iter()
+            .flatten()
+            .filter(|&n| self[n].state == BlockState::Inactive && self[n].backing == backing)
+            .collect()
+    }
+
+    /// Merges `neighbour`, just before or just after `block`, into `block` and drops it.
+    pub fn merge(&mut self, block: BlockId, neighbour: BlockId) {
+        let o = self.blocks.remove(neighbour.0);
+        let segment = o.segment;
+        let b = &mut self[block];
+        b.size += o.size;
+        if b.prev == Some(neighbour) {
+            b.offset = o.offset;
+            b.prev = o.prev;
+            match o.prev {
+                Some(prev) => self[prev].next = Some(block),
+                None => self.segments[segment.0].first = block,
+            }
+        } else {
+            debug_assert_eq!(
+                b.next,
+                Some(neighbour),
+                "merging a block that is no neighbour"
+            );
+            b.next = o.next;
+            if let Some(next) = o.next {
+                self[next].prev = Some(block);
+            }
         }
     }
 }
@@ -147,7 +413,7 @@ impl<H> Iterator for SegmentBlocks<'_, H> {
 
     fn next(&mut self) -> Option<BlockId> {
         let id = self.next?;
-        self.next = self.blocks.blocks[id].next;
+        self.next = self.blocks[id].next;
         Some(id)
     }
 }

@@ -440,24 +440,27 @@ mod tests {
     #[test]
     fn best_fit_takes_the_smallest_fitting_size_then_the_lowest_address() {
         for mut list in [small(), FreeList::default()] {
-            list.insert(S0, 4096, 9000, 1);
-            list.insert(S0, 2048, 7000, 2);
-            list.insert(S0, 2048, 5000, 3);
-            list.insert(S1, 1024, 100, 4);
-            list.insert(S0, 8 << 20, 1 << 30, 5); // beyond the class range
-            assert_eq!(list.best_fit(S0, 1024), Some((2048, 3)));
-            assert_eq!(list.best_fit(S0, 2048), Some((2048, 3)));
-            assert_eq!(list.best_fit(S0, 2049), Some((4096, 1)));
-            assert_eq!(list.best_fit(S0, 4097), Some((8 << 20, 5)));
+            list.insert(S0, 4096, 9000, BlockId::for_test(1));
+            list.insert(S0, 2048, 7000, BlockId::for_test(2));
+            list.insert(S0, 2048, 5000, BlockId::for_test(3));
+            list.insert(S1, 1024, 100, BlockId::for_test(4));
+            list.insert(S0, 8 << 20, 1 << 30, BlockId::for_test(5)); // beyond the class range
+            assert_eq!(list.best_fit(S0, 1024), Some((2048, BlockId::for_test(3))));
+            assert_eq!(list.best_fit(S0, 2048), Some((2048, BlockId::for_test(3))));
+            assert_eq!(list.best_fit(S0, 2049), Some((4096, BlockId::for_test(1))));
+            assert_eq!(
+                list.best_fit(S0, 4097),
+                Some((8 << 20, BlockId::for_test(5)))
+            );
             assert_eq!(list.best_fit(S0, (8 << 20) + 1), None);
-            assert_eq!(list.best_fit(S1, 512), Some((1024, 4)));
+            assert_eq!(list.best_fit(S1, 512), Some((1024, BlockId::for_test(4))));
             assert_eq!(list.best_fit(S1, 1025), None);
             assert_eq!(list.best_fit(StreamId(2), 1), None);
-            assert_eq!(list.remove(S0, 2048, 5000), Some(3));
+            assert_eq!(list.remove(S0, 2048, 5000), Some(BlockId::for_test(3)));
             assert_eq!(list.remove(S0, 2048, 5000), None);
-            assert_eq!(list.best_fit(S0, 1024), Some((2048, 2)));
-            assert_eq!(list.remove(S0, 2048, 7000), Some(2));
-            assert_eq!(list.best_fit(S0, 1024), Some((4096, 1)));
+            assert_eq!(list.best_fit(S0, 1024), Some((2048, BlockId::for_test(2))));
+            assert_eq!(list.remove(S0, 2048, 7000), Some(BlockId::for_test(2)));
+            assert_eq!(list.best_fit(S0, 1024), Some((4096, BlockId::for_test(1))));
         }
     }
 
@@ -467,16 +470,22 @@ mod tests {
         // Classes far apart: more than one summary word (4096 classes each) between them.
         let near = SMALL_SIZE + MIN_BLOCK_SIZE;
         let far = 30 * MIB;
-        list.insert(S0, far, 1 << 40, 1);
-        assert_eq!(list.best_fit(S0, near), Some((far, 1)));
-        list.insert(S0, near, 1 << 30, 2);
-        assert_eq!(list.best_fit(S0, 1), Some((near, 2)));
-        assert_eq!(list.best_fit(S0, near + 1), Some((far, 1)));
-        assert_eq!(list.remove(S0, far, 1 << 40), Some(1));
+        list.insert(S0, far, 1 << 40, BlockId::for_test(1));
+        assert_eq!(list.best_fit(S0, near), Some((far, BlockId::for_test(1))));
+        list.insert(S0, near, 1 << 30, BlockId::for_test(2));
+        assert_eq!(list.best_fit(S0, 1), Some((near, BlockId::for_test(2))));
+        assert_eq!(
+            list.best_fit(S0, near + 1),
+            Some((far, BlockId::for_test(1)))
+        );
+        assert_eq!(list.remove(S0, far, 1 << 40), Some(BlockId::for_test(1)));
         assert_eq!(list.best_fit(S0, near + 1), None);
         assert_eq!(list.best_fit(S0, 32 * MIB), None);
-        list.insert(S0, 32 * MIB, 1 << 41, 3);
-        assert_eq!(list.best_fit(S0, near + 1), Some((32 * MIB, 3)));
+        list.insert(S0, 32 * MIB, 1 << 41, BlockId::for_test(3));
+        assert_eq!(
+            list.best_fit(S0, near + 1),
+            Some((32 * MIB, BlockId::for_test(3)))
+        );
     }
 
     /// The reference: PyTorch's rule written out plainly, a list searched in full. Best fit
@@ -535,8 +544,8 @@ mod tests {
                 let stream = StreamId(next(3));
                 let size = sizes(next(10), next(1 << 40));
                 let address = step * 4096 + next(4096);
-                classed.insert(stream, size, address, step as usize);
-                reference.insert(stream, size, address, step as usize);
+                classed.insert(stream, size, address, BlockId::for_test(step as usize));
+                reference.insert(stream, size, address, BlockId::for_test(step as usize));
                 live.push((stream, size, address));
             } else {
                 let (stream, size, address) = live.swap_remove(next(live.len() as u64) as usize);

@@ -22,6 +22,7 @@
 //! ```
 //!
 //! [`DeviceMemory`]: crate::device::DeviceMemory
+#![forbid(unsafe_code)]
 
 mod allocator;
 mod block;

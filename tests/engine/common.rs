@@ -97,7 +97,7 @@ pub fn check_snapshot_invariants(snapshot: &Snapshot, device: &SimDevice, baseli
     );
     assert_eq!(
         runs(true),
-        coalesce(device.mapped_runs()),
+        coalesce(device.mapped_runs(), &device.reserved_ranges()),
         "device maps exactly the allocator's expandable runs"
     );
     let counters = device.counters();
@@ -124,12 +124,20 @@ pub fn assert_disjoint(mut spans: Vec<(u64, u64)>) {
     }
 }
 
-/// Adjacent (address, size) runs joined into one.
-pub fn coalesce(runs: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+/// Adjacent (address, size) runs of one reserved range joined into one. Two ranges may touch
+/// in address space; their runs stay apart, as the snapshot shows them (one per segment).
+pub fn coalesce(runs: Vec<(u64, u64)>, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let range_of = |address: u64| {
+        ranges
+            .iter()
+            .position(|&(base, size)| base <= address && address < base + size)
+    };
     let mut joined: Vec<(u64, u64)> = Vec::new();
     for (address, size) in runs {
         match joined.last_mut() {
-            Some((at, len)) if *at + *len == address => *len += size,
+            Some((at, len)) if *at + *len == address && range_of(*at) == range_of(address) => {
+                *len += size
+            }
             _ => joined.push((address, size)),
         }
     }

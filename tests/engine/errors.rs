@@ -201,8 +201,9 @@ fn a_failing_event_record_is_reported_and_the_allocator_stays_consistent() {
 /// PyTorch's `insert_events`: when the second of two event records fails, the first event
 /// was recorded and counts, and the block is not reused before it completes. Unlike PyTorch,
 /// which then frees the block although the stream whose record failed may still read it, the
-/// engine keeps that stream on the block and records its event at the next request: the block
-/// is freed only once both events have completed.
+/// engine keeps that stream on the block and retries its record at the next request (a
+/// failure there is reported too): the block is freed only once an event on *every* such
+/// stream completed; stream 1's event completing is not enough while stream 2 has none.
 #[test]
 fn a_failing_second_event_record_leaves_the_block_waiting_for_both() {
     let (alloc, device) = allocator(64 * MIB, "");
@@ -210,10 +211,23 @@ fn a_failing_second_event_record_leaves_the_block_waiting_for_both() {
     let address = a.address();
     alloc.record_stream(&a, S1).unwrap();
     alloc.record_stream(&a, StreamId(2)).unwrap();
-    device.fail_nth(SimCall::RecordEvent, 2);
+    device.fail_nth(SimCall::RecordEvent, 2); // stream 2's event, at the free
+    device.fail_nth(SimCall::RecordEvent, 3); // and again at the next request
     assert_injected(alloc.free(a).unwrap_err(), SimCall::RecordEvent);
-    assert_eq!(device.counters().events_recorded, 1);
-    assert_eq!(layout(&alloc), [vec![(4096, P), (2 * MIB - 4096, F)]]);
+    assert_eq!(
+        device.counters().events_recorded,
+        1,
+        "stream 1's event only"
+    );
+    let pending = vec![vec![(4096, P), (2 * MIB - 4096, F)]];
+    assert_eq!(layout(&alloc), pending);
+    assert_eq!(alloc.stats().active_bytes.all.current, 4096);
+    check_invariants(&alloc, &device);
+
+    // The next request retries stream 2's record, which fails again: the error is reported
+    // (errors stay errors) and the block stays.
+    assert_injected(alloc.malloc(4096, S0).unwrap_err(), SimCall::RecordEvent);
+    assert_eq!(layout(&alloc), pending);
     let b = alloc.malloc(4096, S0).unwrap();
     assert_ne!(
         b.address(),
@@ -229,12 +243,15 @@ fn a_failing_second_event_record_leaves_the_block_waiting_for_both() {
     device.complete_events(S1);
     let c = alloc.malloc(4096, S0).unwrap();
     assert_ne!(c.address(), address, "stream 2 may still read it");
+    alloc.free(b).unwrap();
+    alloc.free(c).unwrap();
+    assert_eq!(layout(&alloc)[0][0], (4096, P));
     device.complete_events(StreamId(2));
     let d = alloc.malloc(4096, S0).unwrap();
     assert_eq!(d.address(), address, "freed once both events completed");
-    for x in [b, c, d] {
-        alloc.free(x).unwrap();
-    }
+    assert_eq!(alloc.stats().active_bytes.all.current, 4096);
+    alloc.free(d).unwrap();
+    assert_eq!(alloc.stats().requested_bytes.all.current, 0);
     check_invariants(&alloc, &device);
 }
 

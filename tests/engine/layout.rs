@@ -1,4 +1,5 @@
-//! Exact block layouts after splitting and coalescing, and the max_split_size rules.
+//! Exact block layouts after splitting and coalescing, and the max_split_size rules of
+//! placement (`get_free_block`, `should_split`), at their exact edges too.
 
 use crate::common::*;
 
@@ -181,8 +182,99 @@ fn oversize_blocks_are_never_split_and_never_serve_small_requests() {
     check_invariants(&alloc, &device);
 }
 
+/// `should_split`: in the large pool the *request* is compared with `max_split_size`. A
+/// 62.5 MiB request under `max_split_size_mb:64` gets a 64 MiB segment and the 1.5 MiB
+/// remainder is split off. Freed, the segment is whole again at 64 MiB, and `get_free_block`
+/// keeps it from any request under 64 MiB, the same 62.5 MiB included.
 #[test]
-fn max_non_split_rounding_widens_what_an_oversize_request_may_take() {
+fn should_split_compares_the_request_with_max_split_size() {
+    let (alloc, device) = allocator(1024 * MIB, "max_split_size_mb:64");
+    let request = 62 * MIB + 512 * KIB;
+    let remainder = MIB + 512 * KIB;
+    let a = alloc.malloc(request, S0).unwrap();
+    assert_eq!(layout(&alloc), vec![vec![(request, A), (remainder, F)]]);
+    let s = alloc.stats();
+    assert_eq!(s.allocated_bytes.all.current, request);
+    assert_eq!(s.reserved_bytes.all.current, 64 * MIB);
+    assert_eq!(s.inactive_split.all.current, 1);
+    assert_eq!(s.inactive_split_bytes.all.current, remainder);
+    assert_eq!(s.oversize_allocations.current, 0, "62.5 MiB < 64 MiB");
+    assert_eq!(s.oversize_segments.current, 1, "the segment is 64 MiB");
+    check_invariants(&alloc, &device);
+
+    alloc.free(a).unwrap();
+    assert_eq!(layout(&alloc), vec![vec![(64 * MIB, F)]]);
+    assert_eq!(alloc.stats().inactive_split.all.current, 0);
+    let b = alloc.malloc(request, S0).unwrap();
+    assert_eq!(
+        device.counters().allocs,
+        2,
+        "the oversize block is not taken"
+    );
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![(64 * MIB, F)], vec![(request, A), (remainder, F)]]
+    );
+    // A request at max_split_size takes it (less than 20 MiB over), whole.
+    let c = alloc.malloc(64 * MIB, S0).unwrap();
+    assert_eq!(device.counters().allocs, 2);
+    assert_eq!(c.size(), 64 * MIB);
+    assert_eq!(alloc.stats().oversize_allocations.current, 1);
+    check_invariants(&alloc, &device);
+    alloc.free(b).unwrap();
+    alloc.free(c).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// PyTorch's `get_free_block`: a request of exactly `max_split_size` is not "under" it, so it
+/// may take a cached oversize block, as long as that block is less than
+/// `max_non_split_rounding` larger than the request.
+#[test]
+fn a_request_of_exactly_max_split_size_takes_a_cached_oversize_block() {
+    let (alloc, device) = allocator(1024 * MIB, "max_split_size_mb:32");
+    let a = alloc.malloc(40 * MIB, S0).unwrap();
+    let address = a.address();
+    alloc.free(a).unwrap();
+    let b = alloc.malloc(32 * MIB, S0).unwrap();
+    assert_eq!(
+        b.address(),
+        address,
+        "the cached 40 MiB block serves 32 MiB"
+    );
+    assert_eq!(b.size(), 40 * MIB, "an oversize block is never split");
+    assert_eq!(device.counters().allocs, 1);
+    alloc.free(b).unwrap();
+    // One byte less is under max_split_size: the oversize block is not for it.
+    let c = alloc.malloc(32 * MIB - 512, S0).unwrap();
+    assert_ne!(c.address(), address);
+    assert_eq!(device.counters().allocs, 2);
+    alloc.free(c).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// PyTorch's `get_free_block`: an oversize request refuses a cached block of at least
+/// request + `max_non_split_rounding` (20 MiB by default), and takes one just below that;
+/// `max_non_split_rounding_mb` widens the margin.
+#[test]
+fn an_oversize_request_takes_a_block_less_than_max_non_split_rounding_larger() {
+    let (alloc, device) = allocator(1024 * MIB, "max_split_size_mb:32");
+    let at_edge = alloc.malloc(52 * MIB, S0).unwrap();
+    let below = alloc.malloc(50 * MIB, S1).unwrap();
+    let (edge_address, below_address) = (at_edge.address(), below.address());
+    alloc.free(at_edge).unwrap();
+    alloc.free(below).unwrap();
+    // 52 MiB is exactly 32 + 20: refused.
+    let a = alloc.malloc(32 * MIB, S0).unwrap();
+    assert_ne!(a.address(), edge_address);
+    assert_eq!(device.counters().allocs, 3);
+    // 50 MiB is under 32 + 20: taken, whole.
+    let b = alloc.malloc(32 * MIB, S1).unwrap();
+    assert_eq!((b.address(), b.size()), (below_address, 50 * MIB));
+    assert_eq!(device.counters().allocs, 3);
+    alloc.free(a).unwrap();
+    alloc.free(b).unwrap();
+    check_invariants(&alloc, &device);
+    // With a 40 MiB margin, a 70 MiB request takes a cached 100 MiB block.
     let (alloc, device) = allocator(
         1024 * MIB,
         "max_split_size_mb:64,max_non_split_rounding_mb:40",

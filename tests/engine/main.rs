@@ -1,5 +1,8 @@
 //! The engine on the simulated device: no GPU, no feature. One module per area; `common` holds
 //! the allocator constructor, the layout helpers and the invariant check they share.
+//!
+//! Where a new test goes: the file of the area it asserts (below); an injected device failure
+//! goes in `errors`, a PyTorch rule with no other area in `parity` (name the function anyway).
 
 mod common;
 
@@ -17,7 +20,6 @@ mod parity;
 mod props;
 mod props_expandable;
 mod rounding;
-mod rule_edges;
 mod snapshot_pickle;
 mod stats;
 mod streams;

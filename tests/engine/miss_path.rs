@@ -174,3 +174,76 @@ fn empty_cache_keeps_segments_that_hold_a_live_block() {
     assert_eq!(alloc.stats().memory_reserved(), 0);
     assert!(device.live_segments().is_empty());
 }
+
+/// PyTorch's `release_available_cached_blocks`: when the device is full, the smallest cached
+/// oversize block of the stream that covers the request (at least `max_split_size`) goes back
+/// alone; the larger one stays cached, and no full flush (retry) is counted.
+#[test]
+fn a_full_device_releases_the_smallest_oversize_block_that_covers_the_request() {
+    let (alloc, device) = allocator(250 * MIB, "max_split_size_mb:32");
+    let keep = alloc.malloc(5 * MIB, S0).unwrap();
+    let sixty = alloc.malloc(60 * MIB, S0).unwrap();
+    let big = alloc.malloc(150 * MIB, S0).unwrap();
+    let big_address = big.address();
+    alloc.free(sixty).unwrap();
+    alloc.free(big).unwrap();
+    // 33 MiB refuses both (each is at least 33 + 20 MiB) and needs a 34 MiB segment: 230 MiB
+    // are reserved, 250 MiB is the device.
+    let a = alloc.malloc(33 * MIB, S0).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(
+        stats.num_alloc_retries, 0,
+        "releasing one oversize block was enough"
+    );
+    assert_eq!(stats.num_device_free, 1);
+    assert_eq!(
+        stats.memory_reserved(),
+        (20 + 150 + 34) * MIB,
+        "the 60 MiB block went back"
+    );
+    assert!(
+        device
+            .live_segments()
+            .iter()
+            .any(|&(address, _)| address == big_address)
+    );
+    alloc.free(a).unwrap();
+    alloc.free(keep).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// PyTorch's `release_available_cached_blocks`: when no single cached oversize block covers
+/// the request, the largest ones go back, largest first, until together they cover it; the
+/// rest stays cached and no full flush (retry) is counted.
+#[test]
+fn a_full_device_releases_the_largest_oversize_blocks_until_they_cover_the_request() {
+    let (alloc, device) = allocator(200 * MIB, "max_split_size_mb:32");
+    let keep = alloc.malloc(5 * MIB, S0).unwrap();
+    let blocks: Vec<_> = [60, 50, 40]
+        .into_iter()
+        .map(|mib| alloc.malloc(mib * MIB, S0).unwrap())
+        .collect();
+    let forty = blocks[2].address();
+    for b in blocks {
+        alloc.free(b).unwrap();
+    }
+    // 85 MiB fits no cached block and needs an 86 MiB segment beside 170 MiB reserved:
+    // 60 + 50 go back (110 MiB, enough), the 40 MiB block stays.
+    let a = alloc.malloc(85 * MIB, S0).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(
+        stats.num_alloc_retries, 0,
+        "the oversize release was enough"
+    );
+    assert_eq!(stats.num_device_free, 2);
+    assert_eq!(stats.memory_reserved(), (20 + 40 + 86) * MIB);
+    assert!(
+        device
+            .live_segments()
+            .iter()
+            .any(|&(address, _)| address == forty)
+    );
+    alloc.free(a).unwrap();
+    alloc.free(keep).unwrap();
+    check_invariants(&alloc, &device);
+}

@@ -2,57 +2,10 @@
 //! (`c10/cuda/CUDACachingAllocator.cpp` and `c10/core/AllocatorConfig.cpp`, PyTorch 2.9; the
 //! function each test follows is named in its doc comment).
 
-use burn_caching_alloc::alloc::{
-    AllocError, AllocatorConfig, CachingAllocator, RoundupDivisions, TraceEvent, round_size,
-};
-use burn_caching_alloc::device::DeviceError;
-use burn_caching_alloc::device::sim::{SimCall, SimDevice};
+use burn_caching_alloc::alloc::{AllocError, CachingAllocator, TraceEvent};
+use burn_caching_alloc::device::sim::SimDevice;
 
 use crate::common::*;
-
-/// `should_split`: in the large pool the *request* is compared with `max_split_size`. A
-/// 62.5 MiB request under `max_split_size_mb:64` gets a 64 MiB segment and the 1.5 MiB
-/// remainder is split off. Freed, the segment is whole again at 64 MiB, and `get_free_block`
-/// keeps it from any request under 64 MiB, the same 62.5 MiB included.
-#[test]
-fn should_split_compares_the_request_with_max_split_size() {
-    let (alloc, device) = allocator(1024 * MIB, "max_split_size_mb:64");
-    let request = 62 * MIB + 512 * KIB;
-    let remainder = MIB + 512 * KIB;
-    let a = alloc.malloc(request, S0).unwrap();
-    assert_eq!(layout(&alloc), vec![vec![(request, A), (remainder, F)]]);
-    let s = alloc.stats();
-    assert_eq!(s.allocated_bytes.all.current, request);
-    assert_eq!(s.reserved_bytes.all.current, 64 * MIB);
-    assert_eq!(s.inactive_split.all.current, 1);
-    assert_eq!(s.inactive_split_bytes.all.current, remainder);
-    assert_eq!(s.oversize_allocations.current, 0, "62.5 MiB < 64 MiB");
-    assert_eq!(s.oversize_segments.current, 1, "the segment is 64 MiB");
-    check_invariants(&alloc, &device);
-
-    alloc.free(a).unwrap();
-    assert_eq!(layout(&alloc), vec![vec![(64 * MIB, F)]]);
-    assert_eq!(alloc.stats().inactive_split.all.current, 0);
-    let b = alloc.malloc(request, S0).unwrap();
-    assert_eq!(
-        device.counters().allocs,
-        2,
-        "the oversize block is not taken"
-    );
-    assert_eq!(
-        layout(&alloc),
-        vec![vec![(64 * MIB, F)], vec![(request, A), (remainder, F)]]
-    );
-    // A request at max_split_size takes it (less than 20 MiB over), whole.
-    let c = alloc.malloc(64 * MIB, S0).unwrap();
-    assert_eq!(device.counters().allocs, 2);
-    assert_eq!(c.size(), 64 * MIB);
-    assert_eq!(alloc.stats().oversize_allocations.current, 1);
-    check_invariants(&alloc, &device);
-    alloc.free(b).unwrap();
-    alloc.free(c).unwrap();
-    check_invariants(&alloc, &device);
-}
 
 /// A 3 MiB request on stream 1, freed at once: one large-pool search that reuses the
 /// stream-1 segment, which stays split by `_keep`, so it is never a collection candidate.
@@ -166,64 +119,6 @@ fn garbage_collection_needs_a_memory_fraction_below_one() {
     check_invariants(&alloc, &device);
 }
 
-/// `parseRoundUpPower2Divisions` and `roundup_power2_divisions(size)`: 16 buckets from 1 MiB.
-/// `[1:2,16:8,>:4]`: bucket 0 (< 2 MiB) 2, buckets [2, 16) MiB 0, [16, 32) MiB 8, from 32 MiB
-/// on 4. So 5 MiB is not rounded by divisions, 20 MiB takes 8 (steps of 2 MiB).
-#[test]
-fn roundup_list_fills_buckets_as_pytorch_parses_them() {
-    let parse = |text: &str| {
-        AllocatorConfig::parse(&format!("roundup_power2_divisions:{text}"))
-            .unwrap()
-            .roundup_power2_divisions
-    };
-    let d = parse("[1:2,16:8,>:4]");
-    let table = [
-        (600 * KIB, 2),
-        (MIB + MIB / 2, 2),
-        (3 * MIB, 0),
-        (5 * MIB, 0),
-        (15 * MIB, 0),
-        (20 * MIB, 8),
-        (100 * MIB, 4),
-        (64 * 1024 * MIB, 4),
-    ];
-    for (size, n) in table {
-        assert_eq!(d.for_size(size), n, "divisions for {size} bytes");
-    }
-    assert_eq!(round_size(600 * KIB, &d), 768 * KIB, "steps of 256 KiB");
-    assert_eq!(round_size(5 * MIB + 1, &d), 5 * MIB + 512, "no division");
-    assert_eq!(round_size(20 * MIB + 1, &d), 22 * MIB, "8 steps of 2 MiB");
-    assert_eq!(round_size(100 * MIB, &d), 112 * MIB, "4 steps of 16 MiB");
-
-    // Unordered: the first key also fills every bucket below it; a later one overwrites.
-    let d = parse("[16:8,1:2]");
-    assert_eq!(
-        (d.for_size(MIB), d.for_size(3 * MIB), d.for_size(20 * MIB)),
-        (2, 8, 8)
-    );
-    assert_eq!(
-        d.for_size(40 * MIB),
-        0,
-        "no `>`: buckets after the last key stay 0"
-    );
-    // `>` fills after the last key read before it (none: bucket 0 stays).
-    let d = parse("[>:4,64:2]");
-    assert_eq!(
-        (
-            d.for_size(MIB),
-            d.for_size(100 * MIB),
-            d.for_size(200 * MIB)
-        ),
-        (2, 2, 4)
-    );
-    // A key beyond the last bucket is clamped to it.
-    assert_eq!(parse("[65536:4]"), RoundupDivisions::uniform(4));
-    assert_eq!(parse("[]"), RoundupDivisions::default());
-    // A single value has no cap; 1 is a power of two that rounds nothing.
-    assert_eq!(parse("128"), RoundupDivisions::uniform(128));
-    assert_eq!(round_size(3 * MIB + 1, &parse("1")), 3 * MIB + 512);
-}
-
 /// `free` lowers allocated bytes at once; `free_block` lowers active and requested bytes when
 /// the free completes, after the other stream's event.
 #[test]
@@ -304,56 +199,4 @@ fn a_request_beyond_the_device_counts_as_an_oom_without_flushing_the_cache() {
         Some(TraceEvent::Oom { size, stream: 0, rounded, device_free })
             if *size == 65 * MIB && *rounded == 65 * MIB && *device_free == 44 * MIB
     ));
-}
-
-/// `insert_events`: when recording an event fails, PyTorch raises and leaves the block alone;
-/// it is never freed while a stream it was used on may still read it. Here the free reports
-/// the error, the block stays pending, the record is retried at the next request (a failure
-/// there is reported too), and the block is freed only after an event on *every* such stream
-/// completed: stream 1's event completing is not enough while stream 2 has none.
-#[test]
-fn a_failed_event_record_never_frees_the_block_early() {
-    let (alloc, sim) = allocator(64 * MIB, "");
-    let a = alloc.malloc(4096, S0).unwrap();
-    let a_at = a.address();
-    alloc.record_stream(&a, S1).unwrap();
-    alloc.record_stream(&a, StreamId(2)).unwrap();
-    sim.fail_nth(SimCall::RecordEvent, 2); // stream 2's event, at the free
-    sim.fail_nth(SimCall::RecordEvent, 3); // and again at the next request
-    let err = alloc.free(a).unwrap_err();
-    assert!(
-        matches!(err, AllocError::Device(DeviceError::Driver(_))),
-        "{err:?}"
-    );
-    assert_eq!(sim.counters().events_recorded, 1, "stream 1's event only");
-    let pending = vec![vec![(4096, P), (2 * MIB - 4096, F)]];
-    assert_eq!(layout(&alloc), pending);
-    assert_eq!(alloc.stats().active_bytes.all.current, 4096);
-
-    // Stream 1 passes its event; the next request retries stream 2's record, which fails
-    // again: the error is reported (errors stay errors) and the block stays.
-    sim.complete_events(S1);
-    let err = alloc.malloc(4096, S0).unwrap_err();
-    assert!(
-        matches!(err, AllocError::Device(DeviceError::Driver(_))),
-        "{err:?}"
-    );
-    assert_eq!(layout(&alloc), pending);
-    // The next request records stream 2's event; stream 1's has completed, but until stream
-    // 2's does the block stays.
-    let c = alloc.malloc(4096, S0).unwrap();
-    assert_ne!(c.address(), a_at);
-    assert_eq!(sim.counters().events_recorded, 2);
-    alloc.free(c).unwrap();
-    assert_eq!(layout(&alloc), pending);
-    sim.complete_events(StreamId(2));
-    let d = alloc.malloc(4096, S0).unwrap();
-    assert_eq!(
-        d.address(),
-        a_at,
-        "freed once every stream's event completed"
-    );
-    assert_eq!(alloc.stats().active_bytes.all.current, 4096);
-    alloc.free(d).unwrap();
-    assert_eq!(alloc.stats().requested_bytes.all.current, 0);
 }

@@ -61,30 +61,79 @@ fn power_of_two_divisions_round_to_the_next_step() {
     assert_eq!(round_size(9 * MIB + 1, &eight), 10 * MIB);
 }
 
-/// PyTorch's buckets (`roundup_power2_divisions(size)`): key `N:d` sets [N, 2N) MiB only;
-/// sizes between two keys get no division rounding. The parity tests hold the other cases.
+/// `parseRoundUpPower2Divisions` and `roundup_power2_divisions(size)`: 16 buckets from 1 MiB.
+/// `[1:2,16:8,>:4]`: bucket 0 (< 2 MiB) 2, buckets [2, 16) MiB 0, [16, 32) MiB 8, from 32 MiB
+/// on 4. So 5 MiB is not rounded by divisions, 20 MiB takes 8 (steps of 2 MiB). A key sets its
+/// own bucket and, up to the next key, nothing more: sizes between two keys get no division.
 #[test]
-fn interval_divisions_apply_per_size_bucket() {
-    let config = AllocatorConfig::parse("roundup_power2_divisions:[1:1,64:4,>:8]").unwrap();
-    let d = &config.roundup_power2_divisions;
+fn roundup_list_fills_buckets_as_pytorch_parses_them() {
+    let parse = |text: &str| {
+        AllocatorConfig::parse(&format!("roundup_power2_divisions:{text}"))
+            .unwrap()
+            .roundup_power2_divisions
+    };
+    let d = parse("[1:2,16:8,>:4]");
+    let table = [
+        (600 * KIB, 2),
+        (MIB + MIB / 2, 2),
+        (3 * MIB, 0),
+        (5 * MIB, 0),
+        (15 * MIB, 0),
+        (20 * MIB, 8),
+        (100 * MIB, 4),
+        (64 * 1024 * MIB, 4),
+    ];
+    for (size, n) in table {
+        assert_eq!(d.for_size(size), n, "divisions for {size} bytes");
+    }
+    assert_eq!(round_size(600 * KIB, &d), 768 * KIB, "steps of 256 KiB");
+    assert_eq!(round_size(5 * MIB + 1, &d), 5 * MIB + 512, "no division");
+    assert_eq!(round_size(20 * MIB + 1, &d), 22 * MIB, "8 steps of 2 MiB");
+    assert_eq!(round_size(100 * MIB, &d), 112 * MIB, "4 steps of 16 MiB");
+
+    // Key `N:d` sets [N, 2N) MiB only: sizes between two keys get no division rounding.
+    let d = parse("[1:1,64:4,>:8]");
     assert_eq!(d.for_size(100 * KIB), 1);
     assert_eq!(d.for_size(3 * MIB), 0, "between the keys 1 and 64");
     assert_eq!(d.for_size(100 * MIB), 4);
     assert_eq!(d.for_size(200 * MIB), 8);
     assert_eq!(
-        round_size(100 * KIB + 1, d),
+        round_size(100 * KIB + 1, &d),
         100 * KIB + 512,
         "1 division: plain rounding"
     );
-    assert_eq!(round_size(3 * MIB + 1, d), 3 * MIB + 512, "no division");
+    assert_eq!(round_size(3 * MIB + 1, &d), 3 * MIB + 512, "no division");
     assert_eq!(
-        round_size(100 * MIB, d),
-        112 * MIB,
-        "steps of 16 MiB between 64 and 128 MiB"
-    );
-    assert_eq!(
-        round_size(200 * MIB, d),
+        round_size(200 * MIB, &d),
         208 * MIB,
         "steps of 16 MiB between 128 and 256 MiB"
     );
+
+    // Unordered: the first key also fills every bucket below it; a later one overwrites.
+    let d = parse("[16:8,1:2]");
+    assert_eq!(
+        (d.for_size(MIB), d.for_size(3 * MIB), d.for_size(20 * MIB)),
+        (2, 8, 8)
+    );
+    assert_eq!(
+        d.for_size(40 * MIB),
+        0,
+        "no `>`: buckets after the last key stay 0"
+    );
+    // `>` fills after the last key read before it (none: bucket 0 stays).
+    let d = parse("[>:4,64:2]");
+    assert_eq!(
+        (
+            d.for_size(MIB),
+            d.for_size(100 * MIB),
+            d.for_size(200 * MIB)
+        ),
+        (2, 2, 4)
+    );
+    // A key beyond the last bucket is clamped to it.
+    assert_eq!(parse("[65536:4]"), RoundupDivisions::uniform(4));
+    assert_eq!(parse("[]"), RoundupDivisions::default());
+    // A single value has no cap; 1 is a power of two that rounds nothing.
+    assert_eq!(parse("128"), RoundupDivisions::uniform(128));
+    assert_eq!(round_size(3 * MIB + 1, &parse("1")), 3 * MIB + 512);
 }

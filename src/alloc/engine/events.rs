@@ -23,15 +23,15 @@ impl<D: DeviceMemory> Engine<D> {
     /// without an event stay on the block, the error is returned, and the next
     /// `process_events` or `synchronize_pending` tries again (and reports a failure again).
     pub fn insert_events(&mut self, block: BlockId) -> Result<(), AllocError> {
-        let streams = std::mem::take(&mut self.blocks.blocks[block].stream_uses);
+        let streams = std::mem::take(&mut self.blocks[block].stream_uses);
         for (i, &stream) in streams.iter().enumerate() {
             match self.device.record_event(stream) {
                 Ok(event) => {
-                    self.blocks.blocks[block].pending_events += 1;
+                    self.blocks[block].pending_events += 1;
                     self.pending.push(PendingFree { event, block });
                 }
                 Err(e) => {
-                    self.blocks.blocks[block].stream_uses = streams[i..].to_vec();
+                    self.blocks[block].stream_uses = streams[i..].to_vec();
                     self.needs_events.push(block);
                     return Err(e.into());
                 }
@@ -56,7 +56,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// One event of a pending free completed; frees the block after its last one, once every
     /// stream it was used on has had its event.
     fn event_done(&mut self, block: BlockId) {
-        let b = &mut self.blocks.blocks[block];
+        let b = &mut self.blocks[block];
         b.pending_events -= 1;
         if b.pending_events == 0 && b.stream_uses.is_empty() {
             self.free_block(block);

@@ -14,7 +14,7 @@
 //! bytes, `num_device_alloc` / `num_device_free` count maps and unmaps.
 
 use super::Engine;
-use crate::alloc::block::{Block, BlockId, BlockState, Segment};
+use crate::alloc::block::{Backing, BlockId, BlockState, End, NewSegment};
 use crate::alloc::error::AllocError;
 use crate::alloc::size::{LARGE_BUFFER, PoolKind, SMALL_BUFFER};
 use crate::alloc::trace::TraceEvent;
@@ -38,11 +38,11 @@ impl<D: DeviceMemory> Engine<D> {
 
     /// Whether `block` is free address space: a free mapped block or an unmapped one.
     fn allocatable(&self, block: Option<BlockId>) -> bool {
-        block.is_some_and(|b| self.blocks.blocks[b].state == BlockState::Inactive)
+        block.is_some_and(|b| self.blocks[b].state == BlockState::Inactive)
     }
 
     /// The key of an unmapped block in `unmapped`.
-    fn unmapped_key(&self, block: BlockId) -> (PoolKind, u64, u64) {
+    pub(super) fn unmapped_key(&self, block: BlockId) -> (PoolKind, u64, u64) {
         (
             self.blocks.pool(block),
             self.blocks.stream(block).0,
@@ -52,7 +52,7 @@ impl<D: DeviceMemory> Engine<D> {
 
     /// The range of an expandable segment, as the device knows it.
     fn range_of(&self, block: BlockId) -> DeviceSegment<D::Handle> {
-        let s = &self.blocks.segments[self.blocks.blocks[block].segment];
+        let s = self.blocks.segment_of(block);
         DeviceSegment {
             address: s.address,
             size: s.size,
@@ -72,7 +72,7 @@ impl<D: DeviceMemory> Engine<D> {
     ) -> Result<BlockId, AllocError> {
         let keys = (pool, stream.0, 0)..=(pool, stream.0, u64::MAX);
         for &unmapped in self.unmapped.range(keys).map(|(_, b)| b) {
-            let prev = self.blocks.blocks[unmapped].prev;
+            let prev = self.blocks[unmapped].prev();
             let start = if self.allocatable(prev) {
                 prev.unwrap_or(unmapped)
             } else {
@@ -80,9 +80,9 @@ impl<D: DeviceMemory> Engine<D> {
             };
             let (mut bytes, mut at) = (0, Some(start));
             while bytes < size && self.allocatable(at) {
-                let b = &self.blocks.blocks[at.unwrap_or(start)];
-                bytes += b.size;
-                at = b.next;
+                let b = &self.blocks[at.unwrap_or(start)];
+                bytes += b.size();
+                at = b.next();
             }
             if bytes >= size {
                 return Ok(start);
@@ -92,20 +92,15 @@ impl<D: DeviceMemory> Engine<D> {
         let total = self.device_total().unwrap_or(size);
         let range_size = (total + total / 8).max(size).next_multiple_of(page);
         let range = self.device.reserve_range(range_size, stream)?;
-        let segment = self.blocks.segments.insert(Segment {
+        let segment = NewSegment {
             address: range.address,
             size: range.size,
             stream,
             pool,
             handle: range.handle,
-            first: usize::MAX,
             expandable: true,
-        });
-        let block = self
-            .blocks
-            .blocks
-            .insert(Block::free(segment, 0, range.size, None, None, false));
-        self.blocks.segments[segment].first = block;
+        };
+        let block = self.blocks.new_segment(segment, Backing::Unmapped);
         self.unmapped.insert((pool, stream.0, range.address), block);
         Ok(block)
     }
@@ -118,9 +113,9 @@ impl<D: DeviceMemory> Engine<D> {
         let stream = self.blocks.stream(to_map);
         let key = self.unmapped_key(to_map);
         let (offset, block_size) = {
-            let b = &self.blocks.blocks[to_map];
-            debug_assert!(!b.mapped);
-            (b.offset, b.size)
+            let b = &self.blocks[to_map];
+            debug_assert!(!b.is_mapped());
+            (b.offset(), b.size())
         };
         let page = self.page_size(pool);
         let len = size.next_multiple_of(page).min(block_size);
@@ -140,37 +135,14 @@ impl<D: DeviceMemory> Engine<D> {
         }
         self.unmapped.remove(&key);
         if len < block_size {
-            let b = &self.blocks.blocks[to_map];
-            let rest = Block::free(
-                b.segment,
-                offset + len,
-                block_size - len,
-                Some(to_map),
-                b.next,
-                false,
-            );
-            let rest = self.blocks.blocks.insert(rest);
-            if let Some(next) = self.blocks.blocks[to_map].next {
-                self.blocks.blocks[next].prev = Some(rest);
-            }
-            let b = &mut self.blocks.blocks[to_map];
-            b.next = Some(rest);
-            b.size = len;
+            let rest =
+                self.blocks
+                    .split_off(to_map, End::Back, block_size - len, Backing::Unmapped);
             let rest_key = self.unmapped_key(rest);
             self.unmapped.insert(rest_key, rest);
         }
-        self.blocks.blocks[to_map].mapped = true;
-        let neighbours = [
-            self.blocks.blocks[to_map].prev,
-            self.blocks.blocks[to_map].next,
-        ];
-        for neighbour in neighbours.into_iter().flatten() {
-            let n = &self.blocks.blocks[neighbour];
-            if n.state == BlockState::Inactive && n.mapped {
-                self.unlist(neighbour);
-                self.absorb(to_map, neighbour);
-            }
-        }
+        self.blocks[to_map].backing = Backing::Mapped;
+        self.merge_free_neighbours(to_map, Backing::Mapped);
         self.list(to_map);
         let address = key.2;
         self.stats.reserved_bytes.increase(pool, len);
@@ -193,20 +165,20 @@ impl<D: DeviceMemory> Engine<D> {
         rounded: u64,
     ) -> Result<Option<BlockId>, AllocError> {
         let mut candidate = self.find_expandable_block(pool, stream, rounded)?;
-        if !self.blocks.blocks[candidate].mapped {
-            let size = self.blocks.blocks[candidate].size.min(rounded);
+        if !self.blocks[candidate].is_mapped() {
+            let size = self.blocks[candidate].size().min(rounded);
             match self.map_block(candidate, size)? {
                 Some(block) => candidate = block,
                 None => return Ok(None),
             }
         }
-        while self.blocks.blocks[candidate].size < rounded {
+        while self.blocks[candidate].size() < rounded {
             // Free mapped neighbours were merged: what follows is unmapped.
-            let Some(next) = self.blocks.blocks[candidate].next else {
+            let Some(next) = self.blocks[candidate].next() else {
                 unreachable!("find_expandable_block found room up to the request");
             };
-            let missing = rounded - self.blocks.blocks[candidate].size;
-            let size = self.blocks.blocks[next].size.min(missing);
+            let missing = rounded - self.blocks[candidate].size();
+            let size = self.blocks[next].size().min(missing);
             match self.map_block(next, size)? {
                 Some(block) => candidate = block,
                 None => return Ok(None),
@@ -219,18 +191,18 @@ impl<D: DeviceMemory> Engine<D> {
     /// The size a free block could grow to: itself plus the unmapped block after it
     /// (PyTorch's `expandable_size` in `get_free_block`).
     pub fn expandable_size(&self, block: BlockId) -> u64 {
-        let b = &self.blocks.blocks[block];
+        let b = &self.blocks[block];
         let tail = b
-            .next
-            .map(|n| &self.blocks.blocks[n])
-            .filter(|n| !n.mapped)
-            .map_or(0, |n| n.size);
-        b.size + tail
+            .next()
+            .map(|n| &self.blocks[n])
+            .filter(|n| !n.is_mapped())
+            .map_or(0, |n| n.size());
+        b.size() + tail
     }
 
     /// Whether `block` lies in an expandable segment.
     pub fn in_expandable_segment(&self, block: BlockId) -> bool {
-        self.blocks.segments[self.blocks.blocks[block].segment].expandable
+        self.blocks.segment_of(block).expandable
     }
 
     /// Unmaps the whole pages inside free block `block` (PyTorch's `unmap_block`): the
@@ -241,8 +213,8 @@ impl<D: DeviceMemory> Engine<D> {
         let stream = self.blocks.stream(block);
         let page = self.page_size(pool);
         let (offset, size) = {
-            let b = &self.blocks.blocks[block];
-            (b.offset, b.size)
+            let b = &self.blocks[block];
+            (b.offset(), b.size())
         };
         let begin = offset.next_multiple_of(page);
         let end = (offset + size) / page * page;
@@ -267,26 +239,20 @@ impl<D: DeviceMemory> Engine<D> {
             };
         self.unlist(block);
         if begin > offset {
-            let before = self.split_free(block, offset, begin - offset, true);
+            let before = self
+                .blocks
+                .split_off(block, End::Front, begin - offset, Backing::Mapped);
             self.list(before);
         }
         if end < offset + size {
-            let after = self.split_free(block, end, offset + size - end, false);
+            let after =
+                self.blocks
+                    .split_off(block, End::Back, offset + size - end, Backing::Mapped);
             self.list(after);
         }
-        let range_address = self.blocks.segments[self.blocks.blocks[block].segment].address;
-        let b = &mut self.blocks.blocks[block];
-        b.offset = begin;
-        b.size = end - begin;
-        b.mapped = false;
-        let neighbours = [b.prev, b.next];
-        for neighbour in neighbours.into_iter().flatten() {
-            if !self.blocks.blocks[neighbour].mapped {
-                let key = self.unmapped_key(neighbour);
-                self.unmapped.remove(&key);
-                self.absorb(block, neighbour);
-            }
-        }
+        let range_address = self.blocks.segment_of(block).address;
+        self.blocks[block].backing = Backing::Unmapped;
+        self.merge_free_neighbours(block, Backing::Unmapped);
         let key = self.unmapped_key(block);
         self.unmapped.insert(key, block);
         let len = end - begin;
@@ -301,30 +267,6 @@ impl<D: DeviceMemory> Engine<D> {
             Some(err) => Err(err.into()),
             None => Ok(len),
         }
-    }
-
-    /// A new free mapped block of `size` bytes at `offset`, just before `block` (`before`) or
-    /// just after it; `block` keeps the rest to itself.
-    fn split_free(&mut self, block: BlockId, offset: u64, size: u64, before: bool) -> BlockId {
-        let b = &self.blocks.blocks[block];
-        let (prev, next) = if before {
-            (b.prev, Some(block))
-        } else {
-            (Some(block), b.next)
-        };
-        let segment = b.segment;
-        let new = self
-            .blocks
-            .blocks
-            .insert(Block::free(segment, offset, size, prev, next, true));
-        match prev {
-            Some(p) => self.blocks.blocks[p].next = Some(new),
-            None => self.blocks.segments[segment].first = new,
-        }
-        if let Some(n) = next {
-            self.blocks.blocks[n].prev = Some(new);
-        }
-        new
     }
 
     /// Unmaps the whole pages of every free block in the expandable segments of `pool`, then
@@ -351,7 +293,7 @@ impl<D: DeviceMemory> Engine<D> {
             .unmapped
             .range((pool, 0, 0)..=(pool, u64::MAX, u64::MAX))
             .map(|(_, &b)| b)
-            .filter(|&b| !self.blocks.blocks[b].is_split())
+            .filter(|&b| !self.blocks[b].is_split())
             .collect();
         for block in empty {
             let range = self.range_of(block);
@@ -361,8 +303,7 @@ impl<D: DeviceMemory> Engine<D> {
                 continue;
             }
             self.unmapped.remove(&key);
-            let segment = self.blocks.blocks.remove(block).segment;
-            self.blocks.segments.remove(segment);
+            self.blocks.remove_segment(block);
         }
         Ok(released)
     }

@@ -223,13 +223,13 @@ impl<D: DeviceMemory> Engine<D> {
     /// Where live block `block` is: its allocation id, segment handle and address, offset,
     /// size, requested size and stream.
     pub(super) fn block_info(&self, block: BlockId) -> BlockInfo<D::Handle> {
-        let b = &self.blocks.blocks[block];
-        let segment = &self.blocks.segments[b.segment];
+        let b = &self.blocks[block];
+        let segment = self.blocks.segment(b.segment());
         BlockInfo {
             allocation_id: b.allocation_id,
-            address: segment.address + b.offset,
-            offset: b.offset,
-            size: b.size,
+            address: segment.address + b.offset(),
+            offset: b.offset(),
+            size: b.size(),
             requested: b.requested,
             stream: segment.stream,
             segment: segment.handle.clone(),
@@ -281,25 +281,25 @@ impl<D: DeviceMemory> Engine<D> {
         let Some(history) = &mut self.history else {
             return;
         };
-        for (id, segment) in self.blocks.segments.iter() {
+        for (id, segment) in self.blocks.segments() {
             // An expandable segment is seen as its mapped runs, as the snapshot shows it.
             let mut in_run = false;
             for b in self.blocks.segment_blocks(id) {
-                let block = &self.blocks.blocks[b];
-                if block.mapped && !in_run {
-                    history.seed_segment(segment.address + block.offset, segment.stream.0);
+                let block = &self.blocks[b];
+                if block.is_mapped() && !in_run {
+                    history.seed_segment(segment.address + block.offset(), segment.stream.0);
                 }
-                in_run = block.mapped;
+                in_run = block.is_mapped();
             }
         }
-        for (_, block) in self.blocks.blocks.iter() {
+        for (_, block) in self.blocks.iter() {
             if block.state != BlockState::Inactive {
-                let segment = &self.blocks.segments[block.segment];
+                let segment = self.blocks.segment(block.segment());
                 history.seed_block(
                     block.allocation_id,
-                    segment.address + block.offset,
+                    segment.address + block.offset(),
                     block.requested,
-                    block.size,
+                    block.size(),
                     segment.stream.0,
                 );
             }
@@ -457,7 +457,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// The block of live allocation `id`, which was handed out as `block`; an error if that
     /// block is gone, free, or now serves another allocation (ids are never reused).
     fn live_block(&self, id: u64, block: BlockId) -> Result<BlockId, AllocError> {
-        match self.blocks.blocks.get(block) {
+        match self.blocks.get(block) {
             Some(b) if b.state == BlockState::ActiveAllocated && b.allocation_id == id => Ok(block),
             _ => Err(AllocError::InvalidFree { id }),
         }
@@ -468,18 +468,18 @@ impl<D: DeviceMemory> Engine<D> {
         let block = self.live_block(id, block)?;
         let pool = self.blocks.pool(block);
         let max_split = self.max_split();
-        let size = self.blocks.blocks[block].size;
+        let size = self.blocks[block].size();
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         if size >= max_split {
             self.stats.oversize_allocations.decrease(1);
         }
         self.record(|| TraceEvent::FreeRequested { id });
-        if self.blocks.blocks[block].stream_uses.is_empty() {
+        if self.blocks[block].stream_uses.is_empty() {
             self.free_block(block);
             Ok(())
         } else {
-            self.blocks.blocks[block].state = BlockState::ActivePendingFree;
+            self.blocks[block].state = BlockState::ActivePendingFree;
             self.insert_events(block)
         }
     }
@@ -493,7 +493,7 @@ impl<D: DeviceMemory> Engine<D> {
     ) -> Result<(), AllocError> {
         let block = self.live_block(id, block)?;
         if self.blocks.stream(block) != stream {
-            let uses = &mut self.blocks.blocks[block].stream_uses;
+            let uses = &mut self.blocks[block].stream_uses;
             if !uses.contains(&stream) {
                 uses.push(stream);
             }
@@ -546,16 +546,16 @@ impl<D: DeviceMemory> Engine<D> {
         let (rounded, _) = self.block_for(size);
         self.count_oom(size, rounded, device_free, stream);
         let (mut largest_free_block, mut fragmented, mut fragmented_large) = (0, 0, 0);
-        for (_, block) in self.blocks.blocks.iter() {
+        for (_, block) in self.blocks.iter() {
             // Unmapped address space of expandable segments is not memory.
-            if block.state != BlockState::Inactive || !block.mapped {
+            if block.state != BlockState::Inactive || !block.is_mapped() {
                 continue;
             }
-            largest_free_block = largest_free_block.max(block.size);
-            if block.size < rounded {
-                fragmented += block.size;
-                if self.blocks.segments[block.segment].pool == PoolKind::Large {
-                    fragmented_large += block.size;
+            largest_free_block = largest_free_block.max(block.size());
+            if block.size() < rounded {
+                fragmented += block.size();
+                if self.blocks.segment(block.segment()).pool == PoolKind::Large {
+                    fragmented_large += block.size();
                 }
             }
         }

@@ -14,7 +14,7 @@
 //! still waiting on stream events stays apart until its own free completes).
 
 use super::Engine;
-use crate::alloc::block::{Block, BlockId, BlockState};
+use crate::alloc::block::{Backing, BlockId, BlockState, End};
 use crate::alloc::size::{MIN_BLOCK_SIZE, PoolKind, SMALL_SIZE};
 use crate::alloc::trace::TraceEvent;
 use crate::device::{DeviceMemory, StreamId};
@@ -78,7 +78,7 @@ impl<D: DeviceMemory> Engine<D> {
             self.blocks.stream(block),
             self.blocks.address(block),
         );
-        let size = self.blocks.blocks[block].size;
+        let size = self.blocks[block].size();
         let removed = self.free_list(pool).remove(stream, size, address);
         debug_assert_eq!(
             removed,
@@ -95,9 +95,9 @@ impl<D: DeviceMemory> Engine<D> {
             self.blocks.stream(block),
             self.blocks.address(block),
         );
-        let b = &mut self.blocks.blocks[block];
+        let b = &mut self.blocks[block];
         b.gc_base = self.large_searches;
-        let size = b.size;
+        let size = b.size();
         self.free_list(pool).insert(stream, size, address, block);
     }
 
@@ -114,11 +114,11 @@ impl<D: DeviceMemory> Engine<D> {
 
     /// (count, bytes) a block adds to `inactive_split`: free blocks of split segments.
     fn inactive_split_share(&self, block: BlockId) -> (i64, i64) {
-        let b = &self.blocks.blocks[block];
+        let b = &self.blocks[block];
         // Expandable segments are left out, as PyTorch leaves them out: their free pages can
         // always be given back.
         if b.state == BlockState::Inactive && b.is_split() && !self.in_expandable_segment(block) {
-            (1, b.size as i64)
+            (1, b.size() as i64)
         } else {
             (0, 0)
         }
@@ -141,24 +141,11 @@ impl<D: DeviceMemory> Engine<D> {
         let pool = self.blocks.pool(block);
         let before = self.inactive_split_share(block);
         let mut after = (0, 0);
-        let block_size = self.blocks.blocks[block].size;
+        let block_size = self.blocks[block].size();
         if self.should_split(pool, block_size, rounded) {
-            let b = &self.blocks.blocks[block];
-            let remainder = Block::free(
-                b.segment,
-                b.offset + rounded,
-                block_size - rounded,
-                Some(block),
-                b.next,
-                true,
-            );
-            let remainder = self.blocks.blocks.insert(remainder);
-            if let Some(next) = self.blocks.blocks[block].next {
-                self.blocks.blocks[next].prev = Some(remainder);
-            }
-            let b = &mut self.blocks.blocks[block];
-            b.next = Some(remainder);
-            b.size = rounded;
+            let remainder =
+                self.blocks
+                    .split_off(block, End::Back, block_size - rounded, Backing::Mapped);
             self.list(remainder);
             after = self.inactive_split_share(remainder);
         }
@@ -167,11 +154,11 @@ impl<D: DeviceMemory> Engine<D> {
         let id = self.next_allocation_id;
         self.next_allocation_id += 1;
         let max_split = self.max_split();
-        let b = &mut self.blocks.blocks[block];
+        let b = &mut self.blocks[block];
         b.state = BlockState::ActiveAllocated;
         b.requested = requested;
         b.allocation_id = id;
-        let size = b.size;
+        let size = b.size();
 
         let stats = &mut self.stats;
         stats.allocation.increase(pool, 1);
@@ -196,8 +183,8 @@ impl<D: DeviceMemory> Engine<D> {
     /// Makes a freed block reusable: merges it with free neighbours and lists the result.
     pub fn free_block(&mut self, block: BlockId) {
         let pool = self.blocks.pool(block);
-        let b = &mut self.blocks.blocks[block];
-        let (size, requested, id) = (b.size, b.requested, b.allocation_id);
+        let b = &mut self.blocks[block];
+        let (size, requested, id) = (b.size(), b.requested, b.allocation_id);
         b.state = BlockState::Inactive;
         b.stream_uses.clear();
         b.requested = 0;
@@ -208,45 +195,30 @@ impl<D: DeviceMemory> Engine<D> {
         self.stats.active_bytes.decrease(pool, size);
         self.stats.requested_bytes.decrease(pool, requested);
 
-        let mut before = (0, 0);
-        let neighbours = [
-            self.blocks.blocks[block].prev,
-            self.blocks.blocks[block].next,
-        ];
-        for neighbour in neighbours.into_iter().flatten() {
-            let n = &self.blocks.blocks[neighbour];
-            if n.state == BlockState::Inactive && n.mapped {
-                let share = self.inactive_split_share(neighbour);
-                before = (before.0 + share.0, before.1 + share.1);
-                self.unlist(neighbour);
-                self.absorb(block, neighbour);
-            }
-        }
+        let before = self.merge_free_neighbours(block, Backing::Mapped);
         let after = self.inactive_split_share(block);
         self.change_inactive_split(pool, before, after);
         self.list(block);
         self.record(|| TraceEvent::FreeCompleted { id });
     }
 
-    /// Merges the free neighbour `other` into `block` and drops `other`.
-    pub(super) fn absorb(&mut self, block: BlockId, other: BlockId) {
-        let o = self.blocks.blocks.remove(other);
-        let segment = o.segment;
-        let b = &mut self.blocks.blocks[block];
-        b.size += o.size;
-        if b.prev == Some(other) {
-            b.offset = o.offset;
-            b.prev = o.prev;
-            if let Some(prev) = o.prev {
-                self.blocks.blocks[prev].next = Some(block);
-            } else {
-                self.blocks.segments[segment].first = block;
+    /// Merges into `block` its free neighbours backed as `backing`, taking each out of the
+    /// index it is kept in first (its free list, or the unmapped index), and returns what they
+    /// added to `inactive_split` (count, bytes).
+    pub(super) fn merge_free_neighbours(&mut self, block: BlockId, backing: Backing) -> (i64, i64) {
+        let mut share = (0, 0);
+        for neighbour in self.blocks.free_neighbours(block, backing) {
+            let (count, bytes) = self.inactive_split_share(neighbour);
+            share = (share.0 + count, share.1 + bytes);
+            match backing {
+                Backing::Mapped => self.unlist(neighbour),
+                Backing::Unmapped => {
+                    let key = self.unmapped_key(neighbour);
+                    self.unmapped.remove(&key);
+                }
             }
-        } else {
-            b.next = o.next;
-            if let Some(next) = o.next {
-                self.blocks.blocks[next].prev = Some(block);
-            }
+            self.blocks.merge(block, neighbour);
         }
+        share
     }
 }

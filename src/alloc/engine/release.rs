@@ -4,7 +4,7 @@
 //! Only whole free segments go back: a segment with any allocated or pending block stays.
 
 use super::Engine;
-use crate::alloc::block::{Block, BlockId, Segment};
+use crate::alloc::block::{Backing, BlockId, NewSegment};
 use crate::alloc::error::AllocError;
 use crate::alloc::size::PoolKind;
 use crate::alloc::trace::TraceEvent;
@@ -36,20 +36,15 @@ impl<D: DeviceMemory> Engine<D> {
             Err(e) => return Err(e.into()),
         };
         let address = segment.address;
-        let segment_id = self.blocks.segments.insert(Segment {
+        let segment = NewSegment {
             address,
             size,
             stream,
             pool,
             handle: segment.handle,
-            first: usize::MAX,
             expandable: false,
-        });
-        let block = self
-            .blocks
-            .blocks
-            .insert(Block::free(segment_id, 0, size, None, None, true));
-        self.blocks.segments[segment_id].first = block;
+        };
+        let block = self.blocks.new_segment(segment, Backing::Mapped);
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
         if size >= self.max_split() {
@@ -66,9 +61,8 @@ impl<D: DeviceMemory> Engine<D> {
 
     /// Returns the segment of a listed free block that spans it whole to the device.
     fn release_segment(&mut self, block: BlockId) -> Result<u64, AllocError> {
-        debug_assert!(!self.blocks.blocks[block].is_split());
-        let segment_id = self.blocks.blocks[block].segment;
-        let s = &self.blocks.segments[segment_id];
+        debug_assert!(!self.blocks[block].is_split());
+        let s = self.blocks.segment_of(block);
         let (address, size, pool) = (s.address, s.size, s.pool);
         self.device.free(DeviceSegment {
             address,
@@ -76,8 +70,7 @@ impl<D: DeviceMemory> Engine<D> {
             handle: s.handle.clone(),
         })?;
         self.unlist(block);
-        self.blocks.blocks.remove(block);
-        self.blocks.segments.remove(segment_id);
+        self.blocks.remove_segment(block);
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, size);
         if size >= self.max_split() {
@@ -92,7 +85,7 @@ impl<D: DeviceMemory> Engine<D> {
     fn whole_free_segments(&self, pool: PoolKind) -> Vec<BlockId> {
         self.free_list_ref(pool)
             .iter()
-            .filter(|&b| !self.blocks.blocks[b].is_split() && !self.in_expandable_segment(b))
+            .filter(|&b| !self.blocks[b].is_split() && !self.in_expandable_segment(b))
             .collect()
     }
 
@@ -113,7 +106,7 @@ impl<D: DeviceMemory> Engine<D> {
         let wanted = rounded.max(max_split);
         let list = self.free_list_ref(pool);
         if let Some((_, block)) = list.best_fit(stream, wanted)
-            && !self.blocks.blocks[block].is_split()
+            && !self.blocks[block].is_split()
         {
             self.release_segment(block)?;
             return Ok(true);
@@ -127,7 +120,7 @@ impl<D: DeviceMemory> Engine<D> {
             if released >= wanted {
                 break;
             }
-            if !self.blocks.blocks[block].is_split() {
+            if !self.blocks[block].is_split() {
                 self.release_segment(block)?;
                 released += size;
             }
@@ -203,7 +196,7 @@ impl<D: DeviceMemory> Engine<D> {
         let mut candidates: Vec<(BlockId, u64)> = self
             .whole_free_segments(PoolKind::Large)
             .into_iter()
-            .map(|b| (b, now - self.blocks.blocks[b].gc_base))
+            .map(|b| (b, now - self.blocks[b].gc_base))
             .collect();
         let mut total_age: u64 = candidates.iter().map(|(_, age)| age).sum();
         let mut reclaimed = 0;

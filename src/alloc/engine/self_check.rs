@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Engine;
-use crate::alloc::block::{BlockId, BlockState};
+use crate::alloc::block::{BlockId, BlockState, SegmentId};
 use crate::alloc::size::{MIN_BLOCK_SIZE, PoolKind};
 use crate::alloc::stats::StatArray;
 use crate::device::DeviceMemory;
@@ -53,7 +53,7 @@ impl<D: DeviceMemory> Engine<D> {
             let mut entries = 0;
             for (stream, size, address, block) in list.entries() {
                 entries += 1;
-                let Some(b) = self.blocks.blocks.get(block) else {
+                let Some(b) = self.blocks.get(block) else {
                     return Err(format!("{pool:?} free list holds removed block {block}"));
                 };
                 if !seen.insert(block) {
@@ -62,8 +62,8 @@ impl<D: DeviceMemory> Engine<D> {
                 if b.state != BlockState::Inactive {
                     return Err(format!("block {block} is listed free but is {:?}", b.state));
                 }
-                let Some(segment) = self.blocks.segments.get(b.segment) else {
-                    return Err(format!("block {block} of removed segment {}", b.segment));
+                let Some(segment) = self.blocks.get_segment(b.segment()) else {
+                    return Err(format!("block {block} of removed segment {}", b.segment()));
                 };
                 if segment.pool != pool {
                     return Err(format!(
@@ -71,7 +71,7 @@ impl<D: DeviceMemory> Engine<D> {
                         segment.pool
                     ));
                 }
-                let key = (segment.stream, b.size, segment.address + b.offset);
+                let key = (segment.stream, b.size(), segment.address + b.offset());
                 if key != (stream, size, address) {
                     return Err(format!(
                         "block {block} listed as {:?} but is {key:?}",
@@ -81,10 +81,9 @@ impl<D: DeviceMemory> Engine<D> {
             }
             let free = self
                 .blocks
-                .blocks
                 .iter()
-                .filter(|(_, b)| b.state == BlockState::Inactive && b.mapped)
-                .filter(|(_, b)| self.blocks.segments.get(b.segment).map(|s| s.pool) == Some(pool))
+                .filter(|(_, b)| b.state == BlockState::Inactive && b.is_mapped())
+                .filter(|(_, b)| self.blocks.get_segment(b.segment()).map(|s| s.pool) == Some(pool))
                 .count();
             if free != entries {
                 return Err(format!(
@@ -98,14 +97,14 @@ impl<D: DeviceMemory> Engine<D> {
     /// Walks every segment: its blocks tile it in address order, `prev` mirrors `next`, no
     /// two free blocks touch, and every block is reached exactly once. Returns each block's
     /// segment as the walk found it.
-    fn check_segments(&self) -> Result<BTreeMap<BlockId, usize>, String> {
+    fn check_segments(&self) -> Result<BTreeMap<BlockId, SegmentId>, String> {
         let mut segment_of = BTreeMap::new();
-        for (id, segment) in &self.blocks.segments {
+        for (id, segment) in self.blocks.segments() {
             let mut cursor = 0;
             let mut prev: Option<BlockId> = None;
-            let mut next = Some(segment.first);
+            let mut next = Some(segment.first());
             while let Some(block) = next {
-                let Some(b) = self.blocks.blocks.get(block) else {
+                let Some(b) = self.blocks.get(block) else {
                     return Err(format!("segment {id} links to removed block {block}"));
                 };
                 if segment_of.insert(block, id).is_some() {
@@ -113,37 +112,37 @@ impl<D: DeviceMemory> Engine<D> {
                         "block {block} reached twice (a cycle or a shared block)"
                     ));
                 }
-                if b.segment != id {
+                if b.segment() != id {
                     return Err(format!(
                         "block {block} in segment {id} says segment {}",
-                        b.segment
+                        b.segment()
                     ));
                 }
-                if b.prev != prev {
+                if b.prev() != prev {
                     return Err(format!(
                         "block {block}: prev is {:?}, the walk came from {prev:?}",
-                        b.prev
+                        b.prev()
                     ));
                 }
-                if b.offset != cursor {
+                if b.offset() != cursor {
                     return Err(format!(
                         "block {block} at offset {}, expected {cursor}",
-                        b.offset
+                        b.offset()
                     ));
                 }
-                if b.size == 0 || !b.size.is_multiple_of(MIN_BLOCK_SIZE) {
-                    return Err(format!("block {block} has size {}", b.size));
+                if b.size() == 0 || !b.size().is_multiple_of(MIN_BLOCK_SIZE) {
+                    return Err(format!("block {block} has size {}", b.size()));
                 }
                 if let Some(p) = prev
                     && b.state == BlockState::Inactive
-                    && self.blocks.blocks[p].state == BlockState::Inactive
-                    && self.blocks.blocks[p].mapped == b.mapped
+                    && self.blocks[p].state == BlockState::Inactive
+                    && self.blocks[p].is_mapped() == b.is_mapped()
                 {
                     return Err(format!("free neighbours {p} and {block} were not merged"));
                 }
-                cursor += b.size;
+                cursor += b.size();
                 prev = Some(block);
-                next = b.next;
+                next = b.next();
             }
             if cursor != segment.size {
                 return Err(format!(
@@ -152,9 +151,8 @@ impl<D: DeviceMemory> Engine<D> {
                 ));
             }
         }
-        if segment_of.len() != self.blocks.blocks.len() {
+        if segment_of.len() != self.blocks.len() {
             let orphans: Vec<BlockId> = self
-                .blocks
                 .blocks
                 .iter()
                 .map(|(id, _)| id)
@@ -166,13 +164,13 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// Each block's fields against its state.
-    fn check_blocks(&self, segment_of: &BTreeMap<BlockId, usize>) -> Result<(), String> {
+    fn check_blocks(&self, segment_of: &BTreeMap<BlockId, SegmentId>) -> Result<(), String> {
         let mut ids = BTreeSet::new();
-        for (block, b) in &self.blocks.blocks {
-            debug_assert_eq!(segment_of.get(&block), Some(&b.segment));
+        for (block, b) in self.blocks.iter() {
+            debug_assert_eq!(segment_of.get(&block), Some(&b.segment()));
             let clean = b.stream_uses.is_empty() && b.pending_events == 0;
-            let expandable = self.blocks.segments[b.segment].expandable;
-            if !b.mapped {
+            let expandable = self.blocks.segment(b.segment()).expandable;
+            if !b.is_mapped() {
                 let key = (
                     self.blocks.pool(block),
                     self.blocks.stream(block).0,
@@ -195,7 +193,7 @@ impl<D: DeviceMemory> Engine<D> {
                 BlockState::ActiveAllocated => {
                     b.pending_events == 0
                         && b.requested > 0
-                        && b.requested <= b.size
+                        && b.requested <= b.size()
                         && b.allocation_id > 0
                         && b.allocation_id < self.next_allocation_id
                         && ids.insert(b.allocation_id)
@@ -204,14 +202,14 @@ impl<D: DeviceMemory> Engine<D> {
                 // on it until a retry records them (never reused before, as PyTorch leaves it).
                 BlockState::ActivePendingFree => {
                     (waiting_to_record || (b.stream_uses.is_empty() && b.pending_events > 0))
-                        && b.requested <= b.size
+                        && b.requested <= b.size()
                 }
             };
             if !ok {
                 return Err(format!("block {block} inconsistent with its state: {b:?}"));
             }
         }
-        let unmapped = self.blocks.blocks.iter().filter(|(_, b)| !b.mapped).count();
+        let unmapped = self.blocks.iter().filter(|(_, b)| !b.is_mapped()).count();
         if unmapped != self.unmapped.len() {
             return Err(format!(
                 "{unmapped} unmapped blocks but {} entries in the unmapped index",
@@ -225,7 +223,7 @@ impl<D: DeviceMemory> Engine<D> {
     fn check_pending(&self) -> Result<(), String> {
         let mut waits: BTreeMap<BlockId, usize> = BTreeMap::new();
         for pending in &self.pending {
-            match self.blocks.blocks.get(pending.block) {
+            match self.blocks.get(pending.block) {
                 Some(b) if b.state == BlockState::ActivePendingFree => {
                     *waits.entry(pending.block).or_default() += 1;
                 }
@@ -238,7 +236,7 @@ impl<D: DeviceMemory> Engine<D> {
                 None => return Err(format!("pending event for removed block {}", pending.block)),
             }
         }
-        for (block, b) in &self.blocks.blocks {
+        for (block, b) in self.blocks.iter() {
             let queued = waits.get(&block).copied().unwrap_or(0);
             if b.pending_events != queued {
                 return Err(format!(
@@ -255,7 +253,7 @@ impl<D: DeviceMemory> Engine<D> {
     fn check_stats(&self) -> Result<(), String> {
         let max_split = self.max_split();
         let mut counts = [Recount::default(), Recount::default()];
-        for (_, segment) in &self.blocks.segments {
+        for (_, segment) in self.blocks.segments() {
             // An expandable segment holds no `segment` and reserves only its mapped bytes
             // (counted with its blocks below).
             if segment.expandable {
@@ -266,32 +264,32 @@ impl<D: DeviceMemory> Engine<D> {
             r.segment.1 += segment.size;
             r.oversize_segments += u64::from(segment.size >= max_split);
         }
-        for (_, b) in &self.blocks.blocks {
-            if !b.mapped {
+        for (_, b) in self.blocks.iter() {
+            if !b.is_mapped() {
                 continue;
             }
-            let segment = &self.blocks.segments[b.segment];
+            let segment = self.blocks.segment(b.segment());
             let r = &mut counts[usize::from(segment.pool == PoolKind::Large)];
             if segment.expandable {
-                r.segment.1 += b.size;
+                r.segment.1 += b.size();
             }
             match b.state {
                 BlockState::ActiveAllocated => {
                     r.allocation.0 += 1;
-                    r.allocation.1 += b.size;
-                    r.oversize_allocations += u64::from(b.size >= max_split);
+                    r.allocation.1 += b.size();
+                    r.oversize_allocations += u64::from(b.size() >= max_split);
                 }
                 BlockState::ActivePendingFree => {}
                 BlockState::Inactive => {
                     if b.is_split() && !segment.expandable {
                         r.inactive_split.0 += 1;
-                        r.inactive_split.1 += b.size;
+                        r.inactive_split.1 += b.size();
                     }
                     continue;
                 }
             }
             r.active.0 += 1;
-            r.active.1 += b.size;
+            r.active.1 += b.size();
             r.requested_active += b.requested;
         }
         let s = &self.stats;

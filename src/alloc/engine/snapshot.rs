@@ -15,21 +15,21 @@ impl<D: DeviceMemory> Engine<D> {
             snapshot.stack = history.and_then(|h| h.segment_stack(snapshot.address));
             segments.push(snapshot);
         };
-        for (id, segment) in self.blocks.segments.iter() {
+        for (id, segment) in self.blocks.segments() {
             // An ordinary segment is one run; an expandable one has a run per mapped stretch
             // (PyTorch's `snapshot` reports one segment per contiguous mapped range).
             let mut run: Vec<BlockSnapshot> = Vec::new();
             for b in self.blocks.segment_blocks(id) {
-                let block = &self.blocks.blocks[b];
-                if !block.mapped {
+                let block = &self.blocks[b];
+                if !block.is_mapped() {
                     if !run.is_empty() {
                         push(&mut segments, segment, std::mem::take(&mut run));
                     }
                     continue;
                 }
                 run.push(BlockSnapshot {
-                    address: segment.address + block.offset,
-                    size: block.size,
+                    address: segment.address + block.offset(),
+                    size: block.size(),
                     requested_size: block.requested,
                     state: block.state,
                     allocation_id: (block.state == BlockState::ActiveAllocated)
