@@ -81,7 +81,10 @@ fn reserved_growing_while_live_tensors_are_flat_is_reported_as_the_cache() {
     assert!(report.reserved.1 > report.reserved.0);
     // The report's own reading handed CubeCL's free slices (the three dropped tensors, 4 B a
     // value) back to the engine first, so the reading after it finds none left in CubeCL.
-    assert_eq!(report.cache.cached_above, 4 * (300_000 + 700_000 + 1_500_000));
+    assert_eq!(
+        report.cache.cached_above,
+        4 * (300_000 + 700_000 + 1_500_000)
+    );
     assert_eq!(stats.cached_in_cubecl(), 0);
     assert_eq!(report.cache.cached_in_engine, stats.cached_in_engine());
     backend::empty_cache(&device);
