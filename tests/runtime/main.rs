@@ -35,6 +35,7 @@ mod support;
 mod faults;
 mod storage;
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod multi_device_one;
 
 #[cfg(feature = "wgpu")]
