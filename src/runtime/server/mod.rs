@@ -513,17 +513,9 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         if let Err(err) = synchronize_uses(&mut self.driver, &mut self.streams, &mut self.uses) {
             log::error!("caching allocator: waiting for cross-stream uses failed: {err}");
         }
-        for id in self.streams.ids() {
-            let (driver, driver_stream) = self.split(id);
-            if let Err(err) = driver.flush(driver_stream) {
-                self.push_error(id, err);
-            }
-            let stream = self.streams.get(&mut self.driver, id);
-            // The metadata scratch too: after `empty_cache` nothing is allocated. The next
-            // launch with metadata reserves it again.
-            stream.metadata = None;
-            stream.memory.reclaim();
-        }
+        // Every free slice and the metadata scratch go back to the engine: after `empty_cache`
+        // nothing is allocated but live tensors.
+        self.hand_back_free_slices();
         if let Err(err) = self.allocator.empty_cache() {
             log::error!("caching allocator: empty_cache failed: {err}");
         }
