@@ -4,38 +4,22 @@
 //! the reason instead of serving them from half-updated structures.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 
-use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
+use burn_caching_alloc::alloc::MIB;
 use burn_caching_alloc::device::StreamId;
-use burn_caching_alloc::device::sim::{SimCall, SimDevice};
+use burn_caching_alloc::device::sim::SimCall;
 use burn_caching_alloc::runtime::{EngineStorage, StreamMemory};
-use cubecl_ir::MemoryDeviceProperties;
 use cubecl_runtime::server::IoError;
 use cubecl_runtime::storage::ComputeStorage;
 
+use crate::storage::{engine, props};
+
 const STREAM: StreamId = StreamId(3);
-
-fn engine() -> (SimDevice, Arc<CachingAllocator<SimDevice>>) {
-    let device = SimDevice::new(1 << 30);
-    let allocator = Arc::new(CachingAllocator::new(
-        device.clone(),
-        AllocatorConfig::default(),
-    ));
-    (device, allocator)
-}
-
-fn props() -> MemoryDeviceProperties {
-    MemoryDeviceProperties {
-        max_page_size: 1 << 30,
-        alignment: 256,
-    }
-}
 
 /// `EngineStorage` had no `Drop`: its blocks stayed allocated in the engine for good.
 #[test]
 fn a_dropped_storage_returns_its_blocks_to_the_engine() {
-    let (device, allocator) = engine();
+    let (device, allocator) = engine(1 << 30);
     let mut storage = EngineStorage::new(allocator.clone(), STREAM, 256);
     for size in [1000, 3 * MIB, 64 * MIB] {
         storage.alloc(size).expect("alloc");
@@ -54,7 +38,7 @@ fn a_dropped_storage_returns_its_blocks_to_the_engine() {
 /// memory dies whole (a dropped server drops every stream's).
 #[test]
 fn a_dropped_stream_memory_returns_its_blocks_live_or_free() {
-    let (device, allocator) = engine();
+    let (device, allocator) = engine(1 << 30);
     let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props());
     let live = memory.reserve(4 * MIB).expect("reserve");
     let dropped = memory.reserve(8 * MIB).expect("reserve");
@@ -72,7 +56,7 @@ fn a_dropped_stream_memory_returns_its_blocks_live_or_free() {
 /// allocated on the device.
 #[test]
 fn after_a_panic_the_storage_refuses_with_the_reason() {
-    let (device, allocator) = engine();
+    let (device, allocator) = engine(1 << 30);
     let mut storage = EngineStorage::new(allocator.clone(), STREAM, 256);
     device.panic_next(SimCall::Allocate);
     assert!(catch_unwind(AssertUnwindSafe(|| storage.alloc(1000))).is_err());

@@ -73,6 +73,16 @@ fn names(frames: &[Frame]) -> Vec<&str> {
     frames.iter().map(|f| f.name.as_str()).collect()
 }
 
+/// The resolved stack of every allocation in the history, in order.
+fn alloc_frames(snapshot: &Snapshot, resolver: &mut StackResolver) -> Vec<Vec<Frame>> {
+    snapshot
+        .history
+        .iter()
+        .filter(|e| e.action == TraceAction::Alloc)
+        .map(|e| resolver.frames(e.stack.as_ref().expect("stacks recorded")))
+        .collect()
+}
+
 fn is_forward(frame: &Frame) -> bool {
     frame.name.contains("TinyModel<") && frame.name.ends_with("::forward")
 }
@@ -87,12 +97,7 @@ fn stacks_of_blocks_allocated_through_burn_name_the_models_forward() {
 
     // Every allocation of the forward passes: its stack runs from CubeCL's client call (on
     // the caller's thread, not the device thread) through Burn's operation to the model.
-    let allocs: Vec<Vec<Frame>> = snapshot
-        .history
-        .iter()
-        .filter(|e| e.action == TraceAction::Alloc)
-        .map(|e| resolver.frames(e.stack.as_ref().expect("stacks recorded")))
-        .collect();
+    let allocs = alloc_frames(&snapshot, &mut resolver);
     let in_forward: Vec<&Vec<Frame>> = allocs
         .iter()
         .filter(|frames| frames.iter().any(is_forward))
@@ -186,12 +191,7 @@ fn under_fusion_stacks_name_burn_fusions_execution_not_the_model() {
     };
     let snapshot = train_with_stacks::<Autodiff<CachingWgpu>>(&device);
     let mut resolver = StackResolver::new();
-    let allocs: Vec<Vec<Frame>> = snapshot
-        .history
-        .iter()
-        .filter(|e| e.action == TraceAction::Alloc)
-        .map(|e| resolver.frames(e.stack.as_ref().expect("stacks recorded")))
-        .collect();
+    let allocs = alloc_frames(&snapshot, &mut resolver);
     let fused = allocs
         .iter()
         .filter(|frames| names(frames).iter().any(|n| n.starts_with("burn_fusion::")))

@@ -17,6 +17,7 @@ use burn::tensor::{Tensor, TensorData};
 use burn_caching_alloc::backend::{self, CachingWgpu};
 
 use crate::multi_device_wgpu::two_devices;
+use crate::support::mlp_check::lcg;
 
 type B = Autodiff<CachingWgpu>;
 type Device = burn::backend::wgpu::WgpuDevice;
@@ -38,19 +39,6 @@ impl<B: Backend> Net<B> {
         self.second
             .forward(self.activation.forward(self.first.forward(x)))
     }
-}
-
-/// Deterministic numbers in [-1, 1).
-fn lcg(seed: u64, n: usize) -> Vec<f32> {
-    let mut state = seed;
-    (0..n)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 fn batch(device: &Device) -> (Tensor<B, 2>, Tensor<B, 2>) {

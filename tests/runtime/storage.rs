@@ -21,7 +21,7 @@ const CREDIT_PER_RESERVE: u64 = 4;
 /// Slice visits a large request of a new size adds: the library's `NEW_SIZE_CREDIT`.
 const NEW_SIZE_CREDIT: u64 = 32;
 
-fn engine(capacity: u64) -> (SimDevice, Arc<CachingAllocator<SimDevice>>) {
+pub(crate) fn engine(capacity: u64) -> (SimDevice, Arc<CachingAllocator<SimDevice>>) {
     let device = SimDevice::new(capacity);
     let allocator = Arc::new(CachingAllocator::new(
         device.clone(),
@@ -30,7 +30,7 @@ fn engine(capacity: u64) -> (SimDevice, Arc<CachingAllocator<SimDevice>>) {
     (device, allocator)
 }
 
-fn props() -> MemoryDeviceProperties {
+pub(crate) fn props() -> MemoryDeviceProperties {
     MemoryDeviceProperties {
         max_page_size: 1 << 30,
         alignment: 256,

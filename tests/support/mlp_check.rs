@@ -46,7 +46,7 @@ impl<B: Backend> Mlp<B> {
 }
 
 /// Deterministic pseudo-random numbers in [-1, 1) (no backend RNG, so data never varies).
-fn lcg(seed: u64, n: usize) -> Vec<f32> {
+pub fn lcg(seed: u64, n: usize) -> Vec<f32> {
     let mut state = seed;
     (0..n)
         .map(|_| {
