@@ -79,11 +79,16 @@ fn reserved_growing_while_live_tensors_are_flat_is_reported_as_the_cache() {
         (before.allocated, stats.memory_allocated())
     );
     assert!(report.reserved.1 > report.reserved.0);
-    // The report's own reading handed CubeCL's free slices (the three dropped tensors, 4 B a
-    // value) back to the engine first, so the reading after it finds none left in CubeCL.
-    assert_eq!(
-        report.cache.cached_above,
-        4 * (300_000 + 700_000 + 1_500_000)
+    // The report's own reading handed CubeCL's free slices back to the engine first, so the
+    // reading after it finds none left in CubeCL. Those slices are the dropped tensors' (4 B a
+    // value) that nothing reclaimed before: at least the last one (no request came after
+    // it), at most all three (a miss of the engine may hand the earlier ones back first, as
+    // `stream_memory.rs`'s reclaim does when a new size would grow the pool).
+    let dropped = [300_000u64, 700_000, 1_500_000].map(|n| 4 * n);
+    assert!(
+        report.cache.cached_above >= dropped[2]
+            && report.cache.cached_above <= dropped.iter().sum::<u64>(),
+        "{report}"
     );
     assert_eq!(stats.cached_in_cubecl(), 0);
     assert_eq!(report.cache.cached_in_engine, stats.cached_in_engine());

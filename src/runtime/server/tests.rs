@@ -657,11 +657,11 @@ fn a_request_other_streams_caches_can_serve_is_no_out_of_memory() {
     // (`release_cached_blocks`) and the allocation retried; here the caches include CubeCL's
     // free slices of every stream, given back before the engine's cache flush.
     let (mut h, observed, snapshot) = small_device("recovered-oom");
-    // Stream 1 holds 24 MiB; streams 2 and 3 dropped 26 MiB and 8 MiB (a 20 MiB segment),
-    // cached in their CubeCL pools.
+    // Stream 1 holds 24 MiB; streams 2 and 3 dropped 26 MiB and 20 MiB (each a segment of its
+    // own), cached in their CubeCL pools.
     let _live = h.buffer(24 * MIB, stream(1));
     drop(h.buffer(26 * MIB, stream(2)));
-    drop(h.buffer(8 * MIB, stream(3)));
+    drop(h.buffer(20 * MIB, stream(3)));
     assert_eq!(h.server.allocator().memory_reserved(), 70 * MIB);
     // 30 MiB on stream 1: the device has 10 MiB left; only stream 2's cache can make room.
     let fits = h.buffer(30 * MIB, stream(1));
