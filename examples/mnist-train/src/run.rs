@@ -247,3 +247,56 @@ fn write_snapshot<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(), R
         })
     })
 }
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use super::*;
+    use burn::backend::Autodiff;
+    use burn::backend::wgpu::WgpuDevice;
+    use burn_caching_alloc::backend::CachingWgpuUnfused;
+
+    fn set(images: usize) -> MnistSet {
+        MnistSet {
+            images: vec![0; images * mnist::dataset::IMAGE_PIXELS],
+            labels: vec![0; images],
+        }
+    }
+
+    fn refusal(train: MnistSet, valid: MnistSet, batch_size: usize) -> String {
+        let config = TrainingConfig {
+            batch_size,
+            ..TrainingConfig::default()
+        };
+        let outcome = run::<Autodiff<CachingWgpuUnfused>>(
+            WgpuDevice::DefaultDevice,
+            train,
+            valid,
+            &config,
+            Path::new("/nonexistent/mnist-train"),
+            Dashboard::Text,
+            &MemoryFiles::default(),
+        );
+        match outcome {
+            Err(RunError::BadInput(message)) => message,
+            Err(other) => panic!("expected BadInput, got {other}"),
+            Ok(_) => panic!("expected BadInput, the run trained"),
+        }
+    }
+
+    // Refused before the device is opened or burn-train starts: no adapter is needed.
+    #[test]
+    fn an_empty_split_or_a_batch_of_zero_is_refused_with_what_is_wrong() {
+        assert_eq!(
+            refusal(set(0), set(4), 64),
+            "nothing to train on: 0 training and 4 validation images"
+        );
+        assert_eq!(
+            refusal(set(4), set(0), 64),
+            "nothing to train on: 4 training and 0 validation images"
+        );
+        assert_eq!(
+            refusal(set(4), set(4), 0),
+            "the batch size must be at least 1"
+        );
+    }
+}
