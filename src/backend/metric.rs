@@ -18,8 +18,13 @@
 //! metric resets the device's peak statistics (`reset_peak_memory_stats`) at every reading.
 //!
 //! The metrics of one [`MemoryMetrics`] group share their readings: within one update round
-//! (burn-train updates every metric once per item) the first metric reads `memory_stats` and
-//! the others show the same reading, so the four numbers of a step belong together.
+//! (burn-train updates every metric once per item, in the order registered) the group's first
+//! metric (the first one [`MemoryMetrics::metric`] made: `Allocated` for
+//! [`MemoryMetrics::all`]) reads `memory_stats` and the others show the same reading, so the
+//! four numbers of a step belong together. burn-train registers a copy of each metric for
+//! training and one for validation; each copy of the first metric takes its own reading, so a
+//! validation step never shows the last training step's numbers. (A metric that has already
+//! shown the current reading also takes a new one.)
 
 use std::sync::Arc;
 
@@ -91,6 +96,8 @@ struct Shared {
     reading: Reading,
     /// Whether a peak metric belongs to the group (then readings reset the peaks).
     peaks: bool,
+    /// Whether the group's first metric (the one that takes each round's reading) exists.
+    first_made: bool,
 }
 
 /// The metrics of one device that share their readings.
@@ -110,14 +117,16 @@ impl<Dev: CachingDevice + Clone + Send + Sync> MemoryMetrics<Dev> {
 
     /// The metric of `quantity` in this group.
     pub fn metric(&self, quantity: MemoryQuantity) -> CachingMemoryMetric<Dev> {
-        if quantity.is_peak() {
-            self.shared.lock().peaks = true;
-        }
+        let mut shared = self.shared.lock();
+        shared.peaks |= quantity.is_peak();
+        let first = !std::mem::replace(&mut shared.first_made, true);
+        drop(shared);
         CachingMemoryMetric {
             device: self.device.clone(),
             quantity,
             name: Arc::new(quantity.label().to_string()),
             shared: self.shared.clone(),
+            first,
             seen: 0,
             bytes: 0,
         }
@@ -150,6 +159,8 @@ pub struct CachingMemoryMetric<Dev: CachingDevice> {
     quantity: MemoryQuantity,
     name: MetricName,
     shared: Arc<Mutex<Shared>>,
+    /// Whether this is the group's first metric, which takes a reading at every update.
+    first: bool,
     /// The generation of the reading shown.
     seen: u64,
     bytes: u64,
@@ -162,6 +173,7 @@ impl<Dev: CachingDevice + Clone> Clone for CachingMemoryMetric<Dev> {
             quantity: self.quantity,
             name: self.name.clone(),
             shared: self.shared.clone(),
+            first: self.first,
             seen: self.seen,
             bytes: self.bytes,
         }
@@ -174,11 +186,11 @@ impl<Dev: CachingDevice + Clone + Send + Sync> CachingMemoryMetric<Dev> {
         self.bytes
     }
 
-    /// The number shown: the group's current reading, or a new one when this metric has
-    /// already shown the current one.
+    /// The number shown: a new reading for the group's first metric or when this metric has
+    /// already shown the current one, else the group's current reading.
     fn read(&mut self) -> u64 {
         let mut shared = self.shared.lock();
-        if shared.generation == 0 || shared.generation == self.seen {
+        if self.first || shared.generation == 0 || shared.generation == self.seen {
             let stats = memory_stats(&self.device);
             shared.reading = Reading {
                 allocated: stats.memory_allocated(),

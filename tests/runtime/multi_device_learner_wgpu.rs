@@ -19,6 +19,7 @@ use burn::optim::SgdConfig;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use burn_caching_alloc::backend::{self, CachingWgpu};
+use burn_train::renderer::CliMetricsRenderer;
 use burn_train::{
     ExecutionStrategy, InferenceStep, Learner, MultiDeviceOptim, RegressionOutput,
     SupervisedTraining, TrainOutput, TrainStep,
@@ -133,7 +134,10 @@ fn train(model: Regression<B>, strategy: ExecutionStrategy<B>, name: &str) -> Ve
         std::process::id()
     ));
     let learner = Learner::new(model, SgdConfig::new().init(), 0.1);
+    // burn-train's plain-text renderer: in the workspace build burn-train has `tui` (for
+    // examples/mnist-train), and its default renderer would take over a developer's terminal.
     let _ = SupervisedTraining::new(&dir, train, valid)
+        .renderer(CliMetricsRenderer::new())
         .num_epochs(EPOCHS)
         .with_training_strategy(strategy.into())
         .launch(learner);
