@@ -194,3 +194,57 @@ impl AllocError {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::units::MIB;
+
+    fn out_of_memory(limit: Option<u64>, advice: Vec<OomAdvice>) -> AllocError {
+        AllocError::OutOfMemory {
+            requested: 12 * MIB + 5,
+            allocated: 40 * MIB,
+            reserved_unallocated: 3 * MIB,
+            device_free: 1536,
+            device_total: 64 * MIB,
+            limit,
+            diagnosis: Box::new(OomDiagnosis {
+                rounded: 14 * MIB,
+                largest_free_block: 2 * MIB,
+                fragmented: 3 * MIB - 512,
+                advice,
+            }),
+        }
+    }
+
+    /// The out-of-memory message (PyTorch's `OutOfMemoryError` text, then why), pinned whole
+    /// with and without a memory fraction and advice.
+    #[test]
+    fn the_out_of_memory_message_is_pinned() {
+        let plain = out_of_memory(None, Vec::new()).to_string();
+        let advised = out_of_memory(
+            Some(48 * MIB),
+            vec![OomAdvice::ExpandableSegments, OomAdvice::MaxSplitSize],
+        )
+        .to_string();
+        assert_eq!(plain, PLAIN);
+        assert_eq!(advised, ADVISED);
+    }
+
+    const PLAIN: &str = "out of memory: tried to allocate 12.00 MiB (12582917 bytes). The device has a total \
+         capacity of 64.00 MiB of which 1.50 KiB is free. Of the memory this allocator holds, \
+         40.00 MiB is allocated and 3.00 MiB is reserved but unallocated (the cache was freed \
+         and the allocation retried before failing). Why: the request needs a block of 14.00 \
+         MiB; the largest free block is 2.00 MiB, and 3.00 MiB of the \
+         reserved-but-unallocated memory is in free blocks too small for it (fragmentation).";
+    const ADVISED: &str = "out of memory: tried to allocate 12.00 MiB (12582917 bytes). The device has a total \
+         capacity of 64.00 MiB of which 1.50 KiB is free; the per-process memory fraction \
+         allows 48.00 MiB. Of the memory this allocator holds, 40.00 MiB is allocated and \
+         3.00 MiB is reserved but unallocated (the cache was freed and the allocation retried \
+         before failing). Why: the request needs a block of 14.00 MiB; the largest free block \
+         is 2.00 MiB, and 3.00 MiB of the reserved-but-unallocated memory is in free blocks \
+         too small for it (fragmentation). Advice: the free memory would hold the request if \
+         it were contiguous; try `expandable_segments:True` to avoid fragmentation. Advice: \
+         large cached blocks were split by smaller requests; try `max_split_size_mb` (e.g. \
+         the request's size in MiB) to keep large blocks whole.";
+}

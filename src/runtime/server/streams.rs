@@ -57,6 +57,8 @@ pub(super) struct Streams<D: Driver> {
     allocator: Arc<CachingAllocator<D::Memory>>,
     memory_properties: MemoryDeviceProperties,
     max_streams: usize,
+    /// The reclaim policy every stream is created with.
+    reclaim: ReclaimPolicy,
     streams: HashMap<usize, ServerStream<D>>,
 }
 
@@ -65,11 +67,13 @@ impl<D: Driver> Streams<D> {
         allocator: Arc<CachingAllocator<D::Memory>>,
         memory_properties: MemoryDeviceProperties,
         max_streams: usize,
+        reclaim: ReclaimPolicy,
     ) -> Self {
         Self {
             allocator,
             memory_properties,
             max_streams: max_streams.max(1),
+            reclaim,
             streams: HashMap::new(),
         }
     }
@@ -104,13 +108,8 @@ impl<D: Driver> Streams<D> {
     pub(super) fn get_slot(&mut self, driver: &mut D, slot: usize) -> &mut ServerStream<D> {
         let allocator = &self.allocator;
         let properties = &self.memory_properties;
+        let policy = self.reclaim;
         self.streams.entry(slot).or_insert_with(|| {
-            // A recording engine sees every tensor: see `ReclaimPolicy::EveryReserve`.
-            let policy = if allocator.config().record_history {
-                ReclaimPolicy::EveryReserve
-            } else {
-                ReclaimPolicy::Amortised
-            };
             let engine_stream = StreamId(slot as u64);
             ServerStream {
                 memory: StreamMemory::new(allocator.clone(), engine_stream, properties)
