@@ -15,7 +15,7 @@ use super::inspect::{self, InspectError, ViewerLayer};
 use super::observers::{ObserverReport, ObserverThread, Observers, OomObserver};
 use super::stack::Stack;
 use super::stats::MemoryStats;
-use super::summary::summary;
+use super::summary::Summary;
 use super::units::format_bytes;
 use crate::device::{DeviceMemory, MemoryInfo, StreamId};
 
@@ -364,7 +364,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
 
     /// A table of the statistics, like `torch.cuda.memory_summary()`.
     pub fn summary(&self) -> String {
-        summary(&self.stats())
+        Summary(&self.stats()).to_string()
     }
 
     /// Limits reserved memory to `fraction` of the device's total; `fraction` in (0, 1]. Below

@@ -26,23 +26,15 @@ pub enum AllocError {
     /// (PyTorch's `OutOfMemoryError`). The message states PyTorch's numbers, then why: the
     /// largest free block, the free bytes in blocks too small for the request, and the
     /// configuration that would help when the numbers point at one.
-    #[error(
-        "out of memory: tried to allocate {} ({requested} bytes). The device has a total capacity of {} of which {} is free{}. \
-         Of the memory this allocator holds, {} is allocated and {} is reserved but unallocated \
-         (the cache was freed and the allocation retried before failing). \
-         Why: the request needs a block of {}; the largest free block is {}, and {} of the reserved-but-unallocated memory \
-         is in free blocks too small for it (fragmentation).{}",
-        format_bytes(*requested),
-        format_bytes(*device_total),
-        format_bytes(*device_free),
-        limit.map(|l| format!("; the per-process memory fraction allows {}", format_bytes(l))).unwrap_or_default(),
-        format_bytes(*allocated),
-        format_bytes(*reserved_unallocated),
-        format_bytes(diagnosis.rounded),
-        format_bytes(diagnosis.largest_free_block),
-        format_bytes(diagnosis.fragmented),
-        diagnosis.advice.iter().map(|a| format!(" Advice: {a}.")).collect::<String>()
-    )]
+    #[error("{}", OomMessage {
+        requested: *requested,
+        allocated: *allocated,
+        reserved_unallocated: *reserved_unallocated,
+        device_free: *device_free,
+        device_total: *device_total,
+        limit: *limit,
+        diagnosis,
+    })]
     OutOfMemory {
         /// The requested size, in bytes.
         requested: u64,
@@ -84,6 +76,63 @@ pub enum AllocError {
     /// The device failed in some other way.
     #[error(transparent)]
     Device(#[from] DeviceError),
+}
+
+/// The message of [`AllocError::OutOfMemory`]: PyTorch's numbers, then why.
+struct OomMessage<'a> {
+    requested: u64,
+    allocated: u64,
+    reserved_unallocated: u64,
+    device_free: u64,
+    device_total: u64,
+    limit: Option<u64>,
+    diagnosis: &'a OomDiagnosis,
+}
+
+impl std::fmt::Display for OomMessage<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let requested = self.requested;
+        let (asked, total, free) = (
+            format_bytes(requested),
+            format_bytes(self.device_total),
+            format_bytes(self.device_free),
+        );
+        write!(
+            f,
+            "out of memory: tried to allocate {asked} ({requested} bytes). The device has a \
+             total capacity of {total} of which {free} is free"
+        )?;
+        if let Some(limit) = self.limit {
+            let limit = format_bytes(limit);
+            write!(f, "; the per-process memory fraction allows {limit}")?;
+        }
+        let (allocated, cached) = (
+            format_bytes(self.allocated),
+            format_bytes(self.reserved_unallocated),
+        );
+        write!(
+            f,
+            ". Of the memory this allocator holds, {allocated} is allocated and {cached} is \
+             reserved but unallocated (the cache was freed and the allocation retried before \
+             failing)."
+        )?;
+        let diagnosis = self.diagnosis;
+        let (needed, largest, fragmented) = (
+            format_bytes(diagnosis.rounded),
+            format_bytes(diagnosis.largest_free_block),
+            format_bytes(diagnosis.fragmented),
+        );
+        write!(
+            f,
+            " Why: the request needs a block of {needed}; the largest free block is {largest}, \
+             and {fragmented} of the reserved-but-unallocated memory is in free blocks too \
+             small for it (fragmentation)."
+        )?;
+        for advice in &diagnosis.advice {
+            write!(f, " Advice: {advice}.")?;
+        }
+        Ok(())
+    }
 }
 
 /// Why a request ran out of memory: what the allocator's free memory looked like.

@@ -59,4 +59,5 @@ pub use stack::{Frame, Stack, StackResolver};
 #[cfg(feature = "runtime")]
 pub(crate) use stats::signed;
 pub use stats::{MemoryStats, Stat, StatArray};
+pub(crate) use summary::Summary;
 pub use units::{KIB, MIB, format_bytes};
