@@ -263,76 +263,56 @@ struct Key {
     apply: fn(&mut AllocatorConfig, &str, &str) -> Result<(), ConfigError>,
 }
 
+/// A row of [`KEYS`]: `name`, and a statement that sets `config` from `key` and `value`.
+macro_rules! key {
+    ($name:literal, |$config:ident, $key:tt, $value:ident| $set:expr) => {
+        Key {
+            name: $name,
+            apply: |$config, $key, $value| {
+                $set;
+                Ok(())
+            },
+        }
+    };
+}
+
 /// Every key the configuration string accepts, one row each (a new key is a new row).
 const KEYS: [Key; 8] = [
-    Key {
-        name: "expandable_segments",
-        // PyTorch's tokenizer takes `True`/`False`; lower case is accepted too.
-        apply: |config, key, value| {
-            config.expandable_segments = match value {
-                "True" | "true" | "1" => true,
-                "False" | "false" | "0" => false,
-                _ => return Err(invalid(key, value, "True or False")),
-            };
-            Ok(())
-        },
-    },
-    Key {
-        name: "max_split_size_mb",
-        apply: |config, key, value| {
-            config.max_split_size = Some(parse_megabytes(key, value)?);
-            Ok(())
-        },
-    },
-    Key {
-        name: "max_non_split_rounding_mb",
-        apply: |config, key, value| {
-            config.max_non_split_rounding = parse_megabytes(key, value)?;
-            Ok(())
-        },
-    },
-    Key {
-        name: "garbage_collection_threshold",
-        apply: |config, key, value| {
-            config.garbage_collection_threshold = Some(parse_fraction(key, value, false)?);
-            Ok(())
-        },
-    },
-    Key {
-        name: "roundup_power2_divisions",
-        apply: |config, _, value| {
-            config.roundup_power2_divisions = RoundupDivisions::parse(value)?;
-            Ok(())
-        },
-    },
-    Key {
-        name: "per_process_memory_fraction",
-        apply: |config, key, value| {
-            config.memory_fraction = Some(parse_fraction(key, value, true)?);
-            Ok(())
-        },
-    },
-    Key {
-        name: "record_history",
-        // A trace without stacks (`HistoryOptions::trace`), or nothing.
-        apply: |config, key, value| {
-            let enabled = match value {
-                "true" | "1" => RecordMode::All,
-                "false" | "0" => RecordMode::Off,
-                _ => return Err(invalid(key, value, "true or false")),
-            };
-            config.history = config.history.with_enabled(enabled);
-            Ok(())
-        },
-    },
-    Key {
-        name: "history_capacity",
-        apply: |config, key, value| {
-            let entries = parse_integer(key, value, 1, MAX_HISTORY_CAPACITY)? as usize;
-            config.history = config.history.with_max_entries(entries);
-            Ok(())
-        },
-    },
+    // PyTorch's tokenizer takes `True`/`False`; lower case is accepted too.
+    key!("expandable_segments", |config, key, value| {
+        config.expandable_segments = match value {
+            "True" | "true" | "1" => true,
+            "False" | "false" | "0" => false,
+            _ => return Err(invalid(key, value, "True or False")),
+        }
+    }),
+    key!("max_split_size_mb", |config, key, value| {
+        config.max_split_size = Some(parse_megabytes(key, value)?)
+    }),
+    key!("max_non_split_rounding_mb", |config, key, value| {
+        config.max_non_split_rounding = parse_megabytes(key, value)?
+    }),
+    key!("garbage_collection_threshold", |config, key, value| {
+        config.garbage_collection_threshold = Some(parse_fraction(key, value, false)?)
+    }),
+    key!("roundup_power2_divisions", |config, _, value| {
+        config.roundup_power2_divisions = RoundupDivisions::parse(value)?
+    }),
+    key!("per_process_memory_fraction", |config, key, value| {
+        config.memory_fraction = Some(parse_fraction(key, value, true)?)
+    }),
+    // A trace without stacks (`HistoryOptions::trace`), or nothing.
+    key!("record_history", |config, key, value| {
+        config.history = config.history.with_enabled(match value {
+            "true" | "1" => RecordMode::All,
+            "false" | "0" => RecordMode::Off,
+            _ => return Err(invalid(key, value, "true or false")),
+        })
+    }),
+    key!("history_capacity", |config, key, value| {
+        let entries = parse_integer(key, value, 1, MAX_HISTORY_CAPACITY)? as usize;
+        config.history = config.history.with_max_entries(entries)
+    }),
 ];
 
 /// `PYTORCH_CUDA_ALLOC_CONF` keys this allocator knows but does not implement.

@@ -26,15 +26,7 @@ pub enum AllocError {
     /// (PyTorch's `OutOfMemoryError`). The message states PyTorch's numbers, then why: the
     /// largest free block, the free bytes in blocks too small for the request, and the
     /// configuration that would help when the numbers point at one.
-    #[error("{}", OomMessage {
-        requested: *requested,
-        allocated: *allocated,
-        reserved_unallocated: *reserved_unallocated,
-        device_free: *device_free,
-        device_total: *device_total,
-        limit: *limit,
-        diagnosis,
-    })]
+    #[error("{}", OomMessage(self))]
     OutOfMemory {
         /// The requested size, in bytes.
         requested: u64,
@@ -79,36 +71,39 @@ pub enum AllocError {
 }
 
 /// The message of [`AllocError::OutOfMemory`]: PyTorch's numbers, then why.
-struct OomMessage<'a> {
-    requested: u64,
-    allocated: u64,
-    reserved_unallocated: u64,
-    device_free: u64,
-    device_total: u64,
-    limit: Option<u64>,
-    diagnosis: &'a OomDiagnosis,
-}
+struct OomMessage<'a>(&'a AllocError);
 
 impl std::fmt::Display for OomMessage<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let requested = self.requested;
+        let AllocError::OutOfMemory {
+            requested,
+            allocated,
+            reserved_unallocated,
+            device_free,
+            device_total,
+            limit,
+            diagnosis,
+        } = self.0
+        else {
+            return Ok(());
+        };
         let (asked, total, free) = (
-            format_bytes(requested),
-            format_bytes(self.device_total),
-            format_bytes(self.device_free),
+            format_bytes(*requested),
+            format_bytes(*device_total),
+            format_bytes(*device_free),
         );
         write!(
             f,
             "out of memory: tried to allocate {asked} ({requested} bytes). The device has a \
              total capacity of {total} of which {free} is free"
         )?;
-        if let Some(limit) = self.limit {
-            let limit = format_bytes(limit);
+        if let Some(limit) = limit {
+            let limit = format_bytes(*limit);
             write!(f, "; the per-process memory fraction allows {limit}")?;
         }
         let (allocated, cached) = (
-            format_bytes(self.allocated),
-            format_bytes(self.reserved_unallocated),
+            format_bytes(*allocated),
+            format_bytes(*reserved_unallocated),
         );
         write!(
             f,
@@ -116,7 +111,6 @@ impl std::fmt::Display for OomMessage<'_> {
              reserved but unallocated (the cache was freed and the allocation retried before \
              failing)."
         )?;
-        let diagnosis = self.diagnosis;
         let (needed, largest, fragmented) = (
             format_bytes(diagnosis.rounded),
             format_bytes(diagnosis.largest_free_block),

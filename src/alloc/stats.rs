@@ -188,28 +188,24 @@ impl MemoryStats {
         self.memory_reserved() - self.memory_allocated()
     }
 
-    /// Sets every peak to its current value.
-    pub fn reset_peak(&mut self) {
+    /// Calls `f` on every [`Stat`]: each pool's of every array, and the single ones.
+    fn for_each_stat(&mut self, f: impl Fn(&mut Stat)) {
         for array in &ARRAYS {
-            for stat in (array.get_mut)(self).each_mut() {
-                stat.reset_peak();
-            }
+            (array.get_mut)(self).each_mut().into_iter().for_each(&f);
         }
         for single in &SINGLES {
-            (single.get_mut)(self).reset_peak();
+            f((single.get_mut)(self));
         }
+    }
+
+    /// Sets every peak to its current value.
+    pub fn reset_peak(&mut self) {
+        self.for_each_stat(Stat::reset_peak);
     }
 
     /// Zeroes every cumulative amount and counter.
     pub fn reset_accumulated(&mut self) {
-        for array in &ARRAYS {
-            for stat in (array.get_mut)(self).each_mut() {
-                stat.reset_accumulated();
-            }
-        }
-        for single in &SINGLES {
-            (single.get_mut)(self).reset_accumulated();
-        }
+        self.for_each_stat(Stat::reset_accumulated);
         for counter in &COUNTERS {
             *(counter.get_mut)(self) = 0;
         }
@@ -226,7 +222,7 @@ impl MemoryStats {
             (single.get)(self).insert_into(&mut map, single.key);
         }
         for counter in &COUNTERS {
-            map.insert(counter.key.into(), signed((counter.get)(self)));
+            map.insert(counter.key.into(), signed(*(counter.get)(self)));
         }
         map.insert("max_split_size".into(), self.max_split_size);
         map
@@ -247,7 +243,7 @@ pub(crate) struct ArrayField {
     pub label: &'static str,
     pub unit: Unit,
     pub get: fn(&MemoryStats) -> &StatArray,
-    get_mut: fn(&mut MemoryStats) -> &mut StatArray,
+    pub get_mut: fn(&mut MemoryStats) -> &mut StatArray,
 }
 
 /// A single [`Stat`] of [`MemoryStats`] (no per-pool values).
@@ -262,125 +258,48 @@ pub(crate) struct SingleField {
 pub(crate) struct Counter {
     pub key: &'static str,
     pub label: Option<&'static str>,
-    pub get: fn(&MemoryStats) -> u64,
-    get_mut: fn(&mut MemoryStats) -> &mut u64,
+    pub get: fn(&MemoryStats) -> &u64,
+    pub get_mut: fn(&mut MemoryStats) -> &mut u64,
+}
+
+/// A row of [`ARRAYS`], [`SINGLES`] or [`COUNTERS`]: the field's name is its key.
+macro_rules! field {
+    ($row:ident $field:ident $(, $name:ident: $value:expr)*) => {
+        $row {
+            key: stringify!($field),
+            $($name: $value,)*
+            get: |s| &s.$field,
+            get_mut: |s| &mut s.$field,
+        }
+    };
 }
 
 /// Every statistic array, in the summary's order (a new statistic is a new row).
 pub(crate) const ARRAYS: [ArrayField; 9] = [
-    ArrayField {
-        key: "allocated_bytes",
-        label: "Allocated memory",
-        unit: Unit::Bytes,
-        get: |s| &s.allocated_bytes,
-        get_mut: |s| &mut s.allocated_bytes,
-    },
-    ArrayField {
-        key: "active_bytes",
-        label: "Active memory",
-        unit: Unit::Bytes,
-        get: |s| &s.active_bytes,
-        get_mut: |s| &mut s.active_bytes,
-    },
-    ArrayField {
-        key: "requested_bytes",
-        label: "Requested memory",
-        unit: Unit::Bytes,
-        get: |s| &s.requested_bytes,
-        get_mut: |s| &mut s.requested_bytes,
-    },
-    ArrayField {
-        key: "reserved_bytes",
-        label: "Reserved memory",
-        unit: Unit::Bytes,
-        get: |s| &s.reserved_bytes,
-        get_mut: |s| &mut s.reserved_bytes,
-    },
-    ArrayField {
-        key: "inactive_split_bytes",
-        label: "Non-releasable memory",
-        unit: Unit::Bytes,
-        get: |s| &s.inactive_split_bytes,
-        get_mut: |s| &mut s.inactive_split_bytes,
-    },
-    ArrayField {
-        key: "allocation",
-        label: "Allocations",
-        unit: Unit::Count,
-        get: |s| &s.allocation,
-        get_mut: |s| &mut s.allocation,
-    },
-    ArrayField {
-        key: "active",
-        label: "Active allocs",
-        unit: Unit::Count,
-        get: |s| &s.active,
-        get_mut: |s| &mut s.active,
-    },
-    ArrayField {
-        key: "segment",
-        label: "Reserved segments",
-        unit: Unit::Count,
-        get: |s| &s.segment,
-        get_mut: |s| &mut s.segment,
-    },
-    ArrayField {
-        key: "inactive_split",
-        label: "Non-releasable allocs",
-        unit: Unit::Count,
-        get: |s| &s.inactive_split,
-        get_mut: |s| &mut s.inactive_split,
-    },
+    field!(ArrayField allocated_bytes, label: "Allocated memory", unit: Unit::Bytes),
+    field!(ArrayField active_bytes, label: "Active memory", unit: Unit::Bytes),
+    field!(ArrayField requested_bytes, label: "Requested memory", unit: Unit::Bytes),
+    field!(ArrayField reserved_bytes, label: "Reserved memory", unit: Unit::Bytes),
+    field!(ArrayField inactive_split_bytes, label: "Non-releasable memory", unit: Unit::Bytes),
+    field!(ArrayField allocation, label: "Allocations", unit: Unit::Count),
+    field!(ArrayField active, label: "Active allocs", unit: Unit::Count),
+    field!(ArrayField segment, label: "Reserved segments", unit: Unit::Count),
+    field!(ArrayField inactive_split, label: "Non-releasable allocs", unit: Unit::Count),
 ];
 
 /// Every single statistic (counts), in the summary's order.
 pub(crate) const SINGLES: [SingleField; 2] = [
-    SingleField {
-        key: "oversize_allocations",
-        label: "Oversize allocations",
-        get: |s| &s.oversize_allocations,
-        get_mut: |s| &mut s.oversize_allocations,
-    },
-    SingleField {
-        key: "oversize_segments",
-        label: "Oversize segments",
-        get: |s| &s.oversize_segments,
-        get_mut: |s| &mut s.oversize_segments,
-    },
+    field!(SingleField oversize_allocations, label: "Oversize allocations"),
+    field!(SingleField oversize_segments, label: "Oversize segments"),
 ];
 
 /// Every counter; the labelled ones in the summary's order, two to a line.
 pub(crate) const COUNTERS: [Counter; 5] = [
-    Counter {
-        key: "num_ooms",
-        label: Some("Out-of-memory errors"),
-        get: |s| s.num_ooms,
-        get_mut: |s| &mut s.num_ooms,
-    },
-    Counter {
-        key: "num_alloc_retries",
-        label: Some("Device allocation retries"),
-        get: |s| s.num_alloc_retries,
-        get_mut: |s| &mut s.num_alloc_retries,
-    },
-    Counter {
-        key: "num_device_alloc",
-        label: Some("Device allocations"),
-        get: |s| s.num_device_alloc,
-        get_mut: |s| &mut s.num_device_alloc,
-    },
-    Counter {
-        key: "num_device_free",
-        label: Some("Device frees"),
-        get: |s| s.num_device_free,
-        get_mut: |s| &mut s.num_device_free,
-    },
-    Counter {
-        key: "num_sync_all_streams",
-        label: None,
-        get: |s| s.num_sync_all_streams,
-        get_mut: |s| &mut s.num_sync_all_streams,
-    },
+    field!(Counter num_ooms, label: Some("Out-of-memory errors")),
+    field!(Counter num_alloc_retries, label: Some("Device allocation retries")),
+    field!(Counter num_device_alloc, label: Some("Device allocations")),
+    field!(Counter num_device_free, label: Some("Device frees")),
+    field!(Counter num_sync_all_streams, label: None),
 ];
 
 /// A count or byte amount as PyTorch's int64 (amounts never come near `i64::MAX`).
