@@ -59,5 +59,6 @@ pub use stack::{Frame, Stack, StackResolver};
 #[cfg(feature = "runtime")]
 pub(crate) use stats::signed;
 pub use stats::{MemoryStats, Stat, StatArray};
+#[cfg(feature = "runtime")]
 pub(crate) use summary::Summary;
 pub use units::{KIB, MIB, format_bytes};
