@@ -67,10 +67,7 @@ use super::driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 use super::env::{oom_snapshot_path, startup_config};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
-use super::stream_memory::ReclaimPolicy;
-use crate::alloc::{
-    AllocatorConfig, CachingAllocator, ConfigError, ObserverThread, RecordMode, Stack,
-};
+use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, ObserverThread, Stack};
 use crate::device::DeviceMemory;
 use caller_stack::CallerStacks;
 use kernels::KernelCache;
@@ -120,13 +117,6 @@ impl<D: Driver> CachingServer<D> {
     pub fn new(mut driver: D, device: DeviceId, config: AllocatorConfig) -> Self {
         let properties = driver.properties();
         let memory_properties: MemoryDeviceProperties = properties.memory.clone();
-        // A device that records its history from the start sees every tensor (see
-        // `ReclaimPolicy::EveryReserve`); recording started later keeps the streams' policy.
-        let reclaim = if config.history.enabled == RecordMode::All {
-            ReclaimPolicy::EveryReserve
-        } else {
-            ReclaimPolicy::Amortised
-        };
         let allocator = Arc::new(CachingAllocator::new(driver.memory(), config));
         allocator.set_device_index(u32::from(device.index_id));
         allocator.dump_snapshot_on_oom(oom_snapshot_path());
@@ -153,7 +143,7 @@ impl<D: Driver> CachingServer<D> {
         Self {
             max_binding_size: driver.max_binding_size(),
             metadata_layout: driver.metadata_layout(),
-            streams: Streams::new(allocator.clone(), memory_properties, max_streams, reclaim),
+            streams: Streams::new(allocator.clone(), memory_properties, max_streams),
             uses: PendingUses::default(),
             driver,
             device,

@@ -24,7 +24,7 @@ use cubecl_runtime::server::{Handle, ServerError};
 use super::super::driver::Driver;
 use super::super::stream_memory::{ReclaimPolicy, StreamMemory};
 use super::ordering::SyncPoints;
-use crate::alloc::CachingAllocator;
+use crate::alloc::{CachingAllocator, RecordMode};
 use crate::device::StreamId;
 
 /// The slot of CubeCL stream `id` among `max_streams` (cubecl-runtime's `stream_index`).
@@ -57,8 +57,6 @@ pub(super) struct Streams<D: Driver> {
     allocator: Arc<CachingAllocator<D::Memory>>,
     memory_properties: MemoryDeviceProperties,
     max_streams: usize,
-    /// The reclaim policy every stream is created with.
-    reclaim: ReclaimPolicy,
     streams: HashMap<usize, ServerStream<D>>,
 }
 
@@ -67,13 +65,11 @@ impl<D: Driver> Streams<D> {
         allocator: Arc<CachingAllocator<D::Memory>>,
         memory_properties: MemoryDeviceProperties,
         max_streams: usize,
-        reclaim: ReclaimPolicy,
     ) -> Self {
         Self {
             allocator,
             memory_properties,
             max_streams: max_streams.max(1),
-            reclaim,
             streams: HashMap::new(),
         }
     }
@@ -108,7 +104,14 @@ impl<D: Driver> Streams<D> {
     pub(super) fn get_slot(&mut self, driver: &mut D, slot: usize) -> &mut ServerStream<D> {
         let allocator = &self.allocator;
         let properties = &self.memory_properties;
-        let policy = self.reclaim;
+        // A stream created while the engine records a trace sees every tensor (see
+        // `ReclaimPolicy::EveryReserve`): the policy follows the recording, asked of the
+        // allocator, not of a configuration key.
+        let policy = if allocator.history_options().enabled == RecordMode::All {
+            ReclaimPolicy::EveryReserve
+        } else {
+            ReclaimPolicy::Amortised
+        };
         self.streams.entry(slot).or_insert_with(|| {
             let engine_stream = StreamId(slot as u64);
             ServerStream {
