@@ -10,14 +10,12 @@ use super::block::BlockId;
 use super::config::{AllocatorConfig, ConfigError, validate_memory_fraction};
 use super::engine::{Engine, Growth};
 use super::error::AllocError;
-use super::history::{HistoryOptions, StackContext};
+use super::history::{HistoryOptions, Snapshot, StackContext, Trace};
 use super::inspect::{self, InspectError, ViewerLayer};
 use super::observers::{ObserverReport, ObserverThread, Observers, OomObserver};
-use super::snapshot::Snapshot;
 use super::stack::Stack;
 use super::stats::MemoryStats;
-use super::summary::summary;
-use super::trace::Trace;
+use super::summary::Summary;
 use super::units::format_bytes;
 use crate::device::{DeviceMemory, MemoryInfo, StreamId};
 
@@ -146,10 +144,11 @@ fn context_level(options: &HistoryOptions) -> u8 {
 impl<D: DeviceMemory> CachingAllocator<D> {
     /// An allocator over `device` with `config`; it reserves nothing until the first `malloc`.
     pub fn new(device: D, config: AllocatorConfig) -> Self {
+        let stack_context = AtomicU8::new(context_level(&config.history));
         Self {
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
             engine: Mutex::new(Engine::new(device, config)),
-            stack_context: AtomicU8::new(0),
+            stack_context,
             oom_observers: Observers::default(),
             oom_snapshot: Mutex::new(None),
             device_index: AtomicU32::new(0),
@@ -365,7 +364,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
 
     /// A table of the statistics, like `torch.cuda.memory_summary()`.
     pub fn summary(&self) -> String {
-        summary(&self.stats())
+        Summary(&self.stats()).to_string()
     }
 
     /// Limits reserved memory to `fraction` of the device's total; `fraction` in (0, 1]. Below
@@ -382,22 +381,13 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         self.engine.lock().config().clone()
     }
 
-    /// Starts or stops recording the trace (no stacks); starting keeps a trace already
-    /// being recorded.
-    pub fn record_history(&self, enabled: bool) {
-        let mut engine = self.engine.lock();
-        engine.set_history(enabled);
-        self.stack_context
-            .store(context_level(&engine.history_options()), Ordering::Relaxed);
-    }
-
     /// Starts recording with `options`, or stops with [`HistoryOptions::off`] (PyTorch's
     /// `torch.cuda.memory._record_memory_history`). Starting clears what was recorded; the
     /// blocks and segments live now are remembered, so their frees are recorded with their
     /// addresses (without a stack).
     pub fn record_memory_history(&self, options: HistoryOptions) {
         let mut engine = self.engine.lock();
-        engine.set_history_options(options);
+        engine.record_memory_history(options);
         self.stack_context
             .store(context_level(&options), Ordering::Relaxed);
     }

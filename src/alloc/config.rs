@@ -7,24 +7,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::history::{HistoryOptions, RecordMode};
 use super::size::SegmentSizing;
 use super::units::MIB;
 
 /// The environment variable [`AllocatorConfig::from_env`] reads.
 pub const CONFIG_ENV: &str = "BURN_CACHING_ALLOC_CONF";
-
-/// Every key the configuration string accepts.
-pub const KNOWN_KEYS: [&str; 9] = [
-    "expandable_segments",
-    "segment_sizing",
-    "max_split_size_mb",
-    "max_non_split_rounding_mb",
-    "garbage_collection_threshold",
-    "roundup_power2_divisions",
-    "per_process_memory_fraction",
-    "record_history",
-    "history_capacity",
-];
 
 /// The most trace events `history_capacity` may keep: 2^24 (16 777 216). An event takes
 /// about a hundred bytes and more with its stack, so the largest ring is a few GiB; the 2^32
@@ -47,8 +35,8 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A key that is not one of `KNOWN_KEYS`.
-    #[error("unknown allocator config key `{key}`; known keys: {}", KNOWN_KEYS.join(", "))]
+    /// A key that is not one the configuration string accepts.
+    #[error("unknown allocator config key `{key}`; known keys: {}", known_keys())]
     UnknownKey {
         /// The key as given.
         key: String,
@@ -64,7 +52,7 @@ pub enum ConfigError {
         expected: String,
     },
     /// A `PYTORCH_CUDA_ALLOC_CONF` key this allocator recognises but does not implement
-    /// (e.g. `expandable_segments`).
+    /// (e.g. `release_lock_on_cudamalloc`), or a setting the device cannot enforce.
     #[error("allocator config key `{key}` is not supported: {reason}")]
     Unsupported {
         /// The key.
@@ -189,10 +177,13 @@ pub struct AllocatorConfig {
     pub roundup_power2_divisions: RoundupDivisions,
     /// Reserved memory may not exceed this fraction of the device's total memory.
     pub memory_fraction: Option<f64>,
-    /// Record every engine operation in the trace ring.
-    pub record_history: bool,
-    /// How many trace events the ring keeps.
-    pub history_capacity: usize,
+    /// What the history records from the start (off by default): key `record_history`
+    /// switches a trace without stacks on or off ([`HistoryOptions::enabled`]), key
+    /// `history_capacity` sets how many events its ring keeps ([`HistoryOptions::max_entries`]).
+    /// `CachingAllocator::record_memory_history` changes it later; this field then says what
+    /// is recorded.
+    #[serde(default = "HistoryOptions::off")]
+    pub history: HistoryOptions,
     /// PyTorch's `expandable_segments`: per stream and pool, one reserved address range that
     /// grows by mapping pages at its end instead of new segments (needs a device with
     /// virtual memory).
@@ -218,8 +209,7 @@ impl Default for AllocatorConfig {
             garbage_collection_threshold: None,
             roundup_power2_divisions: RoundupDivisions::default(),
             memory_fraction: None,
-            record_history: false,
-            history_capacity: 1 << 20,
+            history: HistoryOptions::off(),
             expandable_segments: false,
             segment_sizing: SegmentSizing::Grow,
         }
@@ -265,59 +255,94 @@ impl AllocatorConfig {
     }
 
     fn apply(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
-        match key {
-            "max_split_size_mb" => {
-                self.max_split_size = Some(parse_megabytes(key, value)?);
-            }
-            "max_non_split_rounding_mb" => {
-                self.max_non_split_rounding = parse_megabytes(key, value)?;
-            }
-            "garbage_collection_threshold" => {
-                let t = parse_fraction(key, value, false)?;
-                self.garbage_collection_threshold = Some(t);
-            }
-            "roundup_power2_divisions" => {
-                self.roundup_power2_divisions = RoundupDivisions::parse(value)?;
-            }
-            "per_process_memory_fraction" => {
-                self.memory_fraction = Some(parse_fraction(key, value, true)?);
-            }
-            "record_history" => {
-                self.record_history = match value {
-                    "true" | "1" => true,
-                    "false" | "0" => false,
-                    _ => return Err(invalid(key, value, "true or false")),
-                };
-            }
-            "history_capacity" => {
-                self.history_capacity =
-                    parse_integer(key, value, 1, MAX_HISTORY_CAPACITY)? as usize;
-            }
-            "expandable_segments" => {
-                // PyTorch's tokenizer takes `True`/`False`; lower case is accepted too.
-                self.expandable_segments = match value {
-                    "True" | "true" | "1" => true,
-                    "False" | "false" | "0" => false,
-                    _ => return Err(invalid(key, value, "True or False")),
-                };
-            }
-            "segment_sizing" => {
-                self.segment_sizing = match value {
-                    "grow" => SegmentSizing::Grow,
-                    "pytorch" => SegmentSizing::Pytorch,
-                    _ => return Err(invalid(key, value, "grow or pytorch")),
-                };
-            }
-            "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" => {
-                return Err(ConfigError::Unsupported {
-                    key: key.into(),
-                    reason: "this allocator has no such mode".into(),
-                });
-            }
-            _ => return Err(ConfigError::UnknownKey { key: key.into() }),
+        if let Some(row) = KEYS.iter().find(|row| row.name == key) {
+            return (row.apply)(self, key, value);
         }
-        Ok(())
+        if UNSUPPORTED_KEYS.contains(&key) {
+            return Err(ConfigError::Unsupported {
+                key: key.into(),
+                reason: "this allocator has no such mode".into(),
+            });
+        }
+        Err(ConfigError::UnknownKey { key: key.into() })
     }
+}
+
+/// One key of the configuration string: its name, and how its value (`key`, `value`) sets
+/// the configuration.
+struct Key {
+    name: &'static str,
+    apply: fn(&mut AllocatorConfig, &str, &str) -> Result<(), ConfigError>,
+}
+
+/// A row of [`KEYS`]: `name`, and a statement that sets `config` from `key` and `value`.
+macro_rules! key {
+    ($name:literal, |$config:ident, $key:tt, $value:ident| $set:expr) => {
+        Key {
+            name: $name,
+            apply: |$config, $key, $value| {
+                $set;
+                Ok(())
+            },
+        }
+    };
+}
+
+/// Every key the configuration string accepts, one row each (a new key is a new row).
+const KEYS: [Key; 9] = [
+    // PyTorch's tokenizer takes `True`/`False`; lower case is accepted too.
+    key!("expandable_segments", |config, key, value| {
+        config.expandable_segments = match value {
+            "True" | "true" | "1" => true,
+            "False" | "false" | "0" => false,
+            _ => return Err(invalid(key, value, "True or False")),
+        }
+    }),
+    key!("segment_sizing", |config, key, value| {
+        config.segment_sizing = match value {
+            "grow" => SegmentSizing::Grow,
+            "pytorch" => SegmentSizing::Pytorch,
+            _ => return Err(invalid(key, value, "grow or pytorch")),
+        }
+    }),
+    key!("max_split_size_mb", |config, key, value| {
+        config.max_split_size = Some(parse_megabytes(key, value)?)
+    }),
+    key!("max_non_split_rounding_mb", |config, key, value| {
+        config.max_non_split_rounding = parse_megabytes(key, value)?
+    }),
+    key!("garbage_collection_threshold", |config, key, value| {
+        config.garbage_collection_threshold = Some(parse_fraction(key, value, false)?)
+    }),
+    key!("roundup_power2_divisions", |config, _, value| {
+        config.roundup_power2_divisions = RoundupDivisions::parse(value)?
+    }),
+    key!("per_process_memory_fraction", |config, key, value| {
+        config.memory_fraction = Some(parse_fraction(key, value, true)?)
+    }),
+    // A trace without stacks (`HistoryOptions::trace`), or nothing.
+    key!("record_history", |config, key, value| {
+        config.history = config.history.with_enabled(match value {
+            "true" | "1" => RecordMode::All,
+            "false" | "0" => RecordMode::Off,
+            _ => return Err(invalid(key, value, "true or false")),
+        })
+    }),
+    key!("history_capacity", |config, key, value| {
+        let entries = parse_integer(key, value, 1, MAX_HISTORY_CAPACITY)? as usize;
+        config.history = config.history.with_max_entries(entries)
+    }),
+];
+
+/// `PYTORCH_CUDA_ALLOC_CONF` keys this allocator knows but does not implement.
+const UNSUPPORTED_KEYS: [&str; 2] = [
+    "release_lock_on_cudamalloc",
+    "pinned_use_cuda_host_register",
+];
+
+/// The accepted keys, for the unknown-key message.
+fn known_keys() -> String {
+    KEYS.map(|row| row.name).join(", ")
 }
 
 /// Checks a memory fraction: a number in (0, 1].

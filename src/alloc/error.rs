@@ -26,23 +26,7 @@ pub enum AllocError {
     /// (PyTorch's `OutOfMemoryError`). The message states PyTorch's numbers, then why: the
     /// largest free block, the free bytes in blocks too small for the request, and the
     /// configuration that would help when the numbers point at one.
-    #[error(
-        "out of memory: tried to allocate {} ({requested} bytes). The device has a total capacity of {} of which {} is free{}. \
-         Of the memory this allocator holds, {} is allocated and {} is reserved but unallocated \
-         (the cache was freed and the allocation retried before failing). \
-         Why: the request needs a block of {}; the largest free block is {}, and {} of the reserved-but-unallocated memory \
-         is in free blocks too small for it (fragmentation).{}",
-        format_bytes(*requested),
-        format_bytes(*device_total),
-        format_bytes(*device_free),
-        limit.map(|l| format!("; the per-process memory fraction allows {}", format_bytes(l))).unwrap_or_default(),
-        format_bytes(*allocated),
-        format_bytes(*reserved_unallocated),
-        format_bytes(diagnosis.rounded),
-        format_bytes(diagnosis.largest_free_block),
-        format_bytes(diagnosis.fragmented),
-        diagnosis.advice.iter().map(|a| format!(" Advice: {a}.")).collect::<String>()
-    )]
+    #[error("{}", OomMessage(self))]
     OutOfMemory {
         /// The requested size, in bytes.
         requested: u64,
@@ -84,6 +68,65 @@ pub enum AllocError {
     /// The device failed in some other way.
     #[error(transparent)]
     Device(#[from] DeviceError),
+}
+
+/// The message of [`AllocError::OutOfMemory`]: PyTorch's numbers, then why.
+struct OomMessage<'a>(&'a AllocError);
+
+impl std::fmt::Display for OomMessage<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let AllocError::OutOfMemory {
+            requested,
+            allocated,
+            reserved_unallocated,
+            device_free,
+            device_total,
+            limit,
+            diagnosis,
+        } = self.0
+        else {
+            return Ok(());
+        };
+        let (asked, total, free) = (
+            format_bytes(*requested),
+            format_bytes(*device_total),
+            format_bytes(*device_free),
+        );
+        write!(
+            f,
+            "out of memory: tried to allocate {asked} ({requested} bytes). The device has a \
+             total capacity of {total} of which {free} is free"
+        )?;
+        if let Some(limit) = limit {
+            let limit = format_bytes(*limit);
+            write!(f, "; the per-process memory fraction allows {limit}")?;
+        }
+        let (allocated, cached) = (
+            format_bytes(*allocated),
+            format_bytes(*reserved_unallocated),
+        );
+        write!(
+            f,
+            ". Of the memory this allocator holds, {allocated} is allocated and {cached} is \
+             reserved but unallocated (the cache was freed and the allocation retried before \
+             failing)."
+        )?;
+        let (needed, largest, fragmented) = (
+            format_bytes(diagnosis.rounded),
+            format_bytes(diagnosis.largest_free_block),
+            format_bytes(diagnosis.fragmented),
+        );
+        write!(
+            f,
+            " Why: the request needs a block of {needed}; the largest free block is {largest}, \
+             and {fragmented} of the reserved-but-unallocated memory is in free blocks too \
+             small for it (fragmentation)."
+        )?;
+        for advice in &diagnosis.advice {
+            write!(f, " Advice: {advice}.")?;
+        }
+        Ok(())
+    }
 }
 
 /// Why a request ran out of memory: what the allocator's free memory looked like.
@@ -193,4 +236,58 @@ impl AllocError {
             AllocError::OutOfMemory { .. } | AllocError::TooLarge { .. }
         )
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::units::MIB;
+
+    fn out_of_memory(limit: Option<u64>, advice: Vec<OomAdvice>) -> AllocError {
+        AllocError::OutOfMemory {
+            requested: 12 * MIB + 5,
+            allocated: 40 * MIB,
+            reserved_unallocated: 3 * MIB,
+            device_free: 1536,
+            device_total: 64 * MIB,
+            limit,
+            diagnosis: Box::new(OomDiagnosis {
+                rounded: 14 * MIB,
+                largest_free_block: 2 * MIB,
+                fragmented: 3 * MIB - 512,
+                advice,
+            }),
+        }
+    }
+
+    /// The out-of-memory message (PyTorch's `OutOfMemoryError` text, then why), pinned whole
+    /// with and without a memory fraction and advice.
+    #[test]
+    fn the_out_of_memory_message_is_pinned() {
+        let plain = out_of_memory(None, Vec::new()).to_string();
+        let advised = out_of_memory(
+            Some(48 * MIB),
+            vec![OomAdvice::ExpandableSegments, OomAdvice::MaxSplitSize],
+        )
+        .to_string();
+        assert_eq!(plain, PLAIN);
+        assert_eq!(advised, ADVISED);
+    }
+
+    const PLAIN: &str = "out of memory: tried to allocate 12.00 MiB (12582917 bytes). The device has a total \
+         capacity of 64.00 MiB of which 1.50 KiB is free. Of the memory this allocator holds, \
+         40.00 MiB is allocated and 3.00 MiB is reserved but unallocated (the cache was freed \
+         and the allocation retried before failing). Why: the request needs a block of 14.00 \
+         MiB; the largest free block is 2.00 MiB, and 3.00 MiB of the \
+         reserved-but-unallocated memory is in free blocks too small for it (fragmentation).";
+    const ADVISED: &str = "out of memory: tried to allocate 12.00 MiB (12582917 bytes). The device has a total \
+         capacity of 64.00 MiB of which 1.50 KiB is free; the per-process memory fraction \
+         allows 48.00 MiB. Of the memory this allocator holds, 40.00 MiB is allocated and \
+         3.00 MiB is reserved but unallocated (the cache was freed and the allocation retried \
+         before failing). Why: the request needs a block of 14.00 MiB; the largest free block \
+         is 2.00 MiB, and 3.00 MiB of the reserved-but-unallocated memory is in free blocks \
+         too small for it (fragmentation). Advice: the free memory would hold the request if \
+         it were contiguous; try `expandable_segments:True` to avoid fragmentation. Advice: \
+         large cached blocks were split by smaller requests; try `max_split_size_mb` (e.g. \
+         the request's size in MiB) to keep large blocks whole.";
 }

@@ -31,16 +31,12 @@ mod engine;
 mod error;
 mod free_list;
 mod history;
-pub mod inspect;
 mod observers;
 mod report;
 mod size;
-mod snapshot;
 mod stack;
 mod stats;
 mod summary;
-mod trace;
-mod trace_file;
 mod units;
 
 pub use allocator::{Allocation, CachingAllocator};
@@ -49,17 +45,20 @@ pub use block::BlockState;
 pub(crate) use config::CONFIG_ENV;
 pub use config::{AllocatorConfig, ConfigError, MAX_HISTORY_CAPACITY, RoundupDivisions};
 pub use error::{AllocError, OomAdvice, OomDiagnosis};
-pub use history::{HistoryEntry, HistoryOptions, RecordMode, StackContext, TraceAction};
+pub use history::inspect;
+pub use history::{
+    BlockSnapshot, HistoryEntry, HistoryOptions, MAX_TRACE_BYTES, RecordMode, SegmentSnapshot,
+    Snapshot, StackContext, Trace, TraceAction, TraceEvent, TraceFileError,
+};
 pub use observers::{ObserverReport, ObserverThread, OomObserver};
 pub use report::{
     CacheState, HeldGroup, MemoryPoint, MemoryReport, OversizedRequest, Verdict, segment_rules,
 };
 pub use size::{PoolKind, SegmentSizing, round_size, segment_size};
-pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
 pub use stack::{Frame, Stack, StackResolver};
 #[cfg(feature = "runtime")]
 pub(crate) use stats::signed;
 pub use stats::{MemoryStats, Stat, StatArray};
-pub use trace::{Trace, TraceEvent};
-pub use trace_file::{MAX_TRACE_BYTES, TraceFileError};
+#[cfg(feature = "runtime")]
+pub(crate) use summary::Summary;
 pub use units::{KIB, MIB, format_bytes};

@@ -23,11 +23,11 @@ use std::fmt;
 
 use super::block::BlockState;
 use super::config::AllocatorConfig;
+use super::history::Snapshot;
 use super::size::{
     LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, PoolKind, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
     SegmentSizing, round_size, segment_size,
 };
-use super::snapshot::Snapshot;
 use super::stack::{Frame, Stack, StackResolver};
 use super::units::format_bytes;
 

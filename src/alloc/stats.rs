@@ -188,81 +188,119 @@ impl MemoryStats {
         self.memory_reserved() - self.memory_allocated()
     }
 
-    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
-        [
-            &mut self.allocation,
-            &mut self.segment,
-            &mut self.active,
-            &mut self.inactive_split,
-            &mut self.allocated_bytes,
-            &mut self.reserved_bytes,
-            &mut self.active_bytes,
-            &mut self.inactive_split_bytes,
-            &mut self.requested_bytes,
-        ]
+    /// Calls `f` on every [`Stat`]: each pool's of every array, and the single ones.
+    fn for_each_stat(&mut self, f: impl Fn(&mut Stat)) {
+        for array in &ARRAYS {
+            (array.get_mut)(self).each_mut().into_iter().for_each(&f);
+        }
+        for single in &SINGLES {
+            f((single.get_mut)(self));
+        }
     }
 
     /// Sets every peak to its current value.
     pub fn reset_peak(&mut self) {
-        for array in self.arrays_mut() {
-            for stat in array.each_mut() {
-                stat.reset_peak();
-            }
-        }
-        self.oversize_allocations.reset_peak();
-        self.oversize_segments.reset_peak();
+        self.for_each_stat(Stat::reset_peak);
     }
 
     /// Zeroes every cumulative amount and counter.
     pub fn reset_accumulated(&mut self) {
-        for array in self.arrays_mut() {
-            for stat in array.each_mut() {
-                stat.reset_accumulated();
-            }
+        self.for_each_stat(Stat::reset_accumulated);
+        for counter in &COUNTERS {
+            *(counter.get_mut)(self) = 0;
         }
-        self.oversize_allocations.reset_accumulated();
-        self.oversize_segments.reset_accumulated();
-        self.num_alloc_retries = 0;
-        self.num_ooms = 0;
-        self.num_sync_all_streams = 0;
-        self.num_device_alloc = 0;
-        self.num_device_free = 0;
     }
 
     /// PyTorch's flat keys and values (int64, as `torch.cuda.memory_stats()` gives them):
     /// `allocated_bytes.all.current`, `num_ooms`, ..., `max_split_size` (-1 when unlimited).
     pub fn to_map(&self) -> BTreeMap<String, i64> {
         let mut map = BTreeMap::new();
-        let arrays = [
-            ("allocation", &self.allocation),
-            ("segment", &self.segment),
-            ("active", &self.active),
-            ("inactive_split", &self.inactive_split),
-            ("allocated_bytes", &self.allocated_bytes),
-            ("reserved_bytes", &self.reserved_bytes),
-            ("active_bytes", &self.active_bytes),
-            ("inactive_split_bytes", &self.inactive_split_bytes),
-            ("requested_bytes", &self.requested_bytes),
-        ];
-        for (name, array) in arrays {
-            array.insert_into(&mut map, name);
+        for array in &ARRAYS {
+            (array.get)(self).insert_into(&mut map, array.key);
         }
-        self.oversize_allocations
-            .insert_into(&mut map, "oversize_allocations");
-        self.oversize_segments
-            .insert_into(&mut map, "oversize_segments");
-        map.insert("num_alloc_retries".into(), signed(self.num_alloc_retries));
-        map.insert("num_ooms".into(), signed(self.num_ooms));
-        map.insert(
-            "num_sync_all_streams".into(),
-            signed(self.num_sync_all_streams),
-        );
-        map.insert("num_device_alloc".into(), signed(self.num_device_alloc));
-        map.insert("num_device_free".into(), signed(self.num_device_free));
+        for single in &SINGLES {
+            (single.get)(self).insert_into(&mut map, single.key);
+        }
+        for counter in &COUNTERS {
+            map.insert(counter.key.into(), signed(*(counter.get)(self)));
+        }
         map.insert("max_split_size".into(), self.max_split_size);
         map
     }
 }
+
+/// Whether a statistic counts bytes or things (the summary shows bytes as `1.50 MiB`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unit {
+    Bytes,
+    Count,
+}
+
+/// A [`StatArray`] of [`MemoryStats`]: its key in `torch.cuda.memory_stats()`, its row in
+/// the summary, and where it is.
+pub(crate) struct ArrayField {
+    pub key: &'static str,
+    pub label: &'static str,
+    pub unit: Unit,
+    pub get: fn(&MemoryStats) -> &StatArray,
+    pub get_mut: fn(&mut MemoryStats) -> &mut StatArray,
+}
+
+/// A single [`Stat`] of [`MemoryStats`] (no per-pool values).
+pub(crate) struct SingleField {
+    pub key: &'static str,
+    pub label: &'static str,
+    pub get: fn(&MemoryStats) -> &Stat,
+    get_mut: fn(&mut MemoryStats) -> &mut Stat,
+}
+
+/// A counter of [`MemoryStats`]; `label` names it in the summary's header, if it is there.
+pub(crate) struct Counter {
+    pub key: &'static str,
+    pub label: Option<&'static str>,
+    pub get: fn(&MemoryStats) -> &u64,
+    pub get_mut: fn(&mut MemoryStats) -> &mut u64,
+}
+
+/// A row of [`ARRAYS`], [`SINGLES`] or [`COUNTERS`]: the field's name is its key.
+macro_rules! field {
+    ($row:ident $field:ident $(, $name:ident: $value:expr)*) => {
+        $row {
+            key: stringify!($field),
+            $($name: $value,)*
+            get: |s| &s.$field,
+            get_mut: |s| &mut s.$field,
+        }
+    };
+}
+
+/// Every statistic array, in the summary's order (a new statistic is a new row).
+pub(crate) const ARRAYS: [ArrayField; 9] = [
+    field!(ArrayField allocated_bytes, label: "Allocated memory", unit: Unit::Bytes),
+    field!(ArrayField active_bytes, label: "Active memory", unit: Unit::Bytes),
+    field!(ArrayField requested_bytes, label: "Requested memory", unit: Unit::Bytes),
+    field!(ArrayField reserved_bytes, label: "Reserved memory", unit: Unit::Bytes),
+    field!(ArrayField inactive_split_bytes, label: "Non-releasable memory", unit: Unit::Bytes),
+    field!(ArrayField allocation, label: "Allocations", unit: Unit::Count),
+    field!(ArrayField active, label: "Active allocs", unit: Unit::Count),
+    field!(ArrayField segment, label: "Reserved segments", unit: Unit::Count),
+    field!(ArrayField inactive_split, label: "Non-releasable allocs", unit: Unit::Count),
+];
+
+/// Every single statistic (counts), in the summary's order.
+pub(crate) const SINGLES: [SingleField; 2] = [
+    field!(SingleField oversize_allocations, label: "Oversize allocations"),
+    field!(SingleField oversize_segments, label: "Oversize segments"),
+];
+
+/// Every counter; the labelled ones in the summary's order, two to a line.
+pub(crate) const COUNTERS: [Counter; 5] = [
+    field!(Counter num_ooms, label: Some("Out-of-memory errors")),
+    field!(Counter num_alloc_retries, label: Some("Device allocation retries")),
+    field!(Counter num_device_alloc, label: Some("Device allocations")),
+    field!(Counter num_device_free, label: Some("Device frees")),
+    field!(Counter num_sync_all_streams, label: None),
+];
 
 /// A count or byte amount as PyTorch's int64 (amounts never come near `i64::MAX`).
 pub(crate) fn signed(value: u64) -> i64 {

@@ -1,99 +1,118 @@
-//! A human-readable table of the statistics, like `torch.cuda.memory_summary()`.
+//! A human-readable table of the statistics, like `torch.cuda.memory_summary()`, built from
+//! the statistics' table in `stats.rs`: a new statistic there is a new row here.
 
-use std::fmt::Write;
+use std::fmt;
 
-use super::stats::{MemoryStats, Stat, StatArray};
+use super::stats::{ARRAYS, COUNTERS, MemoryStats, SINGLES, Stat, Unit};
 use super::units::format_bytes;
 
+/// The table's width, borders included.
 const WIDTH: usize = 84;
 
-fn rule(out: &mut String, c: char) {
-    out.push('|');
-    out.extend(std::iter::repeat_n(c, WIDTH - 2));
-    out.push_str("|\n");
-}
-
-fn row(out: &mut String, label: &str, stat: &Stat, bytes: bool) {
-    let fmt = |v: u64| {
-        if bytes {
-            format_bytes(v)
-        } else {
-            v.to_string()
-        }
-    };
-    let _ = writeln!(
-        out,
-        "| {label:<25}| {:>11} | {:>11} | {:>11} | {:>11} |",
-        fmt(stat.current),
-        fmt(stat.peak),
-        fmt(stat.allocated),
-        fmt(stat.freed)
-    );
-}
-
-fn section(out: &mut String, label: &str, array: &StatArray, bytes: bool) {
-    row(out, label, &array.all, bytes);
-    row(out, "      from large pool", &array.large_pool, bytes);
-    row(out, "      from small pool", &array.small_pool, bytes);
-    rule(out, '-');
-}
-
 /// The statistics as a table of current, peak, total allocated and total freed values.
-pub fn summary(stats: &MemoryStats) -> String {
-    let mut out = String::new();
-    rule(&mut out, '=');
-    let _ = writeln!(out, "| {:<81}|", "burn-caching-alloc memory summary");
-    rule(&mut out, '-');
-    let _ = writeln!(
-        out,
-        "| {:<40}| {:<39}|",
-        format!("Out-of-memory errors: {}", stats.num_ooms),
-        format!("Device allocation retries: {}", stats.num_alloc_retries)
+pub(crate) struct Summary<'a>(pub &'a MemoryStats);
+
+fn rule(f: &mut fmt::Formatter<'_>, c: char) -> fmt::Result {
+    let line: String = std::iter::repeat_n(c, WIDTH - 2).collect();
+    writeln!(f, "|{line}|")
+}
+
+fn row(f: &mut fmt::Formatter<'_>, label: &str, stat: &Stat, unit: Unit) -> fmt::Result {
+    let show = |v: u64| match unit {
+        Unit::Bytes => format_bytes(v),
+        Unit::Count => v.to_string(),
+    };
+    let (current, peak, allocated, freed) = (
+        show(stat.current),
+        show(stat.peak),
+        show(stat.allocated),
+        show(stat.freed),
     );
-    let _ = writeln!(
-        out,
-        "| {:<40}| {:<39}|",
-        format!("Device allocations: {}", stats.num_device_alloc),
-        format!("Device frees: {}", stats.num_device_free)
-    );
-    rule(&mut out, '=');
-    let _ = writeln!(
-        out,
-        "| {:<25}| {:>11} | {:>11} | {:>11} | {:>11} |",
-        "Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"
-    );
-    rule(&mut out, '-');
-    section(&mut out, "Allocated memory", &stats.allocated_bytes, true);
-    section(&mut out, "Active memory", &stats.active_bytes, true);
-    section(&mut out, "Requested memory", &stats.requested_bytes, true);
-    section(&mut out, "Reserved memory", &stats.reserved_bytes, true);
-    section(
-        &mut out,
-        "Non-releasable memory",
-        &stats.inactive_split_bytes,
-        true,
-    );
-    section(&mut out, "Allocations", &stats.allocation, false);
-    section(&mut out, "Active allocs", &stats.active, false);
-    section(&mut out, "Reserved segments", &stats.segment, false);
-    section(
-        &mut out,
-        "Non-releasable allocs",
-        &stats.inactive_split,
-        false,
-    );
-    row(
-        &mut out,
-        "Oversize allocations",
-        &stats.oversize_allocations,
-        false,
-    );
-    row(
-        &mut out,
-        "Oversize segments",
-        &stats.oversize_segments,
-        false,
-    );
-    rule(&mut out, '=');
-    out
+    writeln!(
+        f,
+        "| {label:<25}| {current:>11} | {peak:>11} | {allocated:>11} | {freed:>11} |"
+    )
+}
+
+impl fmt::Display for Summary<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let stats = self.0;
+        rule(f, '=')?;
+        writeln!(f, "| {:<81}|", "burn-caching-alloc memory summary")?;
+        rule(f, '-')?;
+        let counters: Vec<String> = COUNTERS
+            .iter()
+            .filter_map(|c| Some(format!("{}: {}", c.label?, (c.get)(stats))))
+            .collect();
+        for pair in counters.chunks(2) {
+            let (left, right) = (&pair[0], pair.get(1).map_or("", String::as_str));
+            writeln!(f, "| {left:<40}| {right:<39}|")?;
+        }
+        rule(f, '=')?;
+        let (metric, current, peak, allocated, freed) = (
+            "Metric",
+            "Cur Usage",
+            "Peak Usage",
+            "Tot Alloc",
+            "Tot Freed",
+        );
+        writeln!(
+            f,
+            "| {metric:<25}| {current:>11} | {peak:>11} | {allocated:>11} | {freed:>11} |"
+        )?;
+        rule(f, '-')?;
+        for array in &ARRAYS {
+            let values = (array.get)(stats);
+            row(f, array.label, &values.all, array.unit)?;
+            row(f, "      from large pool", &values.large_pool, array.unit)?;
+            row(f, "      from small pool", &values.small_pool, array.unit)?;
+            rule(f, '-')?;
+        }
+        for single in &SINGLES {
+            row(f, single.label, (single.get)(stats), Unit::Count)?;
+        }
+        rule(f, '=')
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::size::PoolKind;
+
+    /// Every statistic a different value, so a row in the wrong place shows: the arrays in
+    /// the table's order, then the single statistics and the counters.
+    fn distinct_stats() -> MemoryStats {
+        let mut stats = MemoryStats::default();
+        let mut next = 1u64;
+        for field in &ARRAYS {
+            let array = (field.get_mut)(&mut stats);
+            for (pool, times) in [(PoolKind::Large, 3), (PoolKind::Small, 1)] {
+                array.increase(pool, next << 20);
+                array.decrease(pool, (next << 20) / 2);
+                for _ in 1..times {
+                    array.increase(pool, next);
+                }
+                next += 1;
+            }
+        }
+        stats.oversize_allocations.increase(5);
+        stats.oversize_segments.increase(6);
+        stats.oversize_segments.decrease(1);
+        for (counter, value) in COUNTERS.iter().zip(7..) {
+            *(counter.get_mut)(&mut stats) = value;
+        }
+        stats
+    }
+
+    /// PyTorch's `memory_summary` layout: the text is pinned whole, so that building it from
+    /// the statistics table cannot move a row, a label or a column.
+    #[test]
+    fn the_summary_text_is_pinned() {
+        let text = Summary(&distinct_stats()).to_string();
+        assert_eq!(text, EXPECTED);
+    }
+
+    /// The summary of `distinct_stats()`, as the code before the statistics table wrote it.
+    const EXPECTED: &str = include_str!("summary.expected.txt");
 }

@@ -148,29 +148,29 @@ pub fn max_memory_reserved<Dev: CachingDevice>(device: &Dev) -> u64 {
 /// A human-readable table of `device`'s memory (PyTorch's `memory_summary`), with a line for
 /// each layer's cache.
 pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
-    let settled = settled(device);
-    let table = settled.entry.allocator.summary();
-    let stats = stats_of(settled);
+    // One reading of the statistics: the table and the lines below it agree.
+    let stats = stats_of(settled(device));
+    let table = crate::alloc::Summary(&stats.engine);
     let c = &stats.cubecl;
+    let r = &c.reclaim;
+    let (live_bytes, live_slices) = (c.live_bytes, c.live_slices);
+    let allocated = stats.memory_allocated();
+    let (in_engine, in_cubecl) = (stats.cached_in_engine(), stats.cached_in_cubecl());
     format!(
-        "{table}\nLive tensors: {} B in {} slices ({} B of blocks, the \"Allocated memory\" row). \
-         Reserved but not allocated: {} B cached in the engine's free blocks, of which {} B \
-         CubeCL had cached in free slices for exact-size reuse until this call handed them \
-         back.\nCubeCL layer: {} reservations served from its free slices, {} reclaims (+{} \
-         before placing a new size, +{} after a productive walk, +{} on growth of reserved \
-         memory, {} skipped, {} after out-of-memory)\n",
-        c.live_bytes,
-        c.live_slices,
-        stats.memory_allocated(),
-        stats.cached_in_engine(),
-        stats.cached_in_cubecl(),
-        c.reclaim.pool_hits,
-        c.reclaim.reclaims,
-        c.reclaim.placement_reclaims,
-        c.reclaim.productive_reclaims,
-        c.reclaim.growth_reclaims,
-        c.reclaim.skipped_reclaims,
-        c.reclaim.oom_reclaims,
+        "{table}\nLive tensors: {live_bytes} B in {live_slices} slices ({allocated} B of blocks, \
+         the \"Allocated memory\" row). Reserved but not allocated: {in_engine} B cached in the \
+         engine's free blocks, of which {in_cubecl} B CubeCL had cached in free slices for \
+         exact-size reuse until this call handed them back.\nCubeCL layer: {hits} reservations \
+         served from its free slices, {reclaims} reclaims (+{placement} before placing a new \
+         size, +{productive} after a productive walk, +{growth} on growth of reserved memory, \
+         {skipped} skipped, {oom} after out-of-memory)\n",
+        hits = r.pool_hits,
+        reclaims = r.reclaims,
+        placement = r.placement_reclaims,
+        productive = r.productive_reclaims,
+        growth = r.growth_reclaims,
+        skipped = r.skipped_reclaims,
+        oom = r.oom_reclaims,
     )
 }
 

@@ -11,7 +11,7 @@
 //!   the device's first out-of-memory (with the history and stacks when they are recorded).
 
 use super::error::DriverError;
-use crate::alloc::{AllocatorConfig, CONFIG_ENV};
+use crate::alloc::{AllocatorConfig, CONFIG_ENV, RecordMode};
 
 /// The trace file variable (see the module docs).
 pub(crate) const TRACE_ENV: &str = "BURN_CACHING_ALLOC_TRACE";
@@ -59,7 +59,7 @@ pub(crate) fn startup_config(
         })?,
     };
     if trace_path().is_some() {
-        config.record_history = true;
+        config.history = config.history.with_enabled(RecordMode::All);
     }
     Ok(config)
 }

@@ -1,6 +1,8 @@
 //! The configuration string: good values, bad values, and what the errors say.
 
-use burn_caching_alloc::alloc::{AllocatorConfig, ConfigError, MIB, RoundupDivisions};
+use burn_caching_alloc::alloc::{
+    AllocatorConfig, ConfigError, HistoryOptions, MIB, RecordMode, RoundupDivisions,
+};
 
 use crate::child::in_child;
 
@@ -19,8 +21,23 @@ fn parses_every_key() {
     );
     assert_eq!(config.max_non_split_rounding, 30 * MIB);
     assert_eq!(config.memory_fraction, Some(0.5));
-    assert!(config.record_history);
-    assert_eq!(config.history_capacity, 100);
+    // The two history keys set the one history setting: a trace of 100 events, no stacks.
+    assert_eq!(config.history, HistoryOptions::trace(100));
+}
+
+/// The history keys map onto `HistoryOptions`: `history_capacity` alone sets the ring's size
+/// of a recording that is off, in either order with `record_history`, and `false` turns a
+/// recording off again.
+#[test]
+fn the_history_keys_set_the_history_options() {
+    assert_eq!(AllocatorConfig::default().history, HistoryOptions::off());
+    let sized = AllocatorConfig::parse("history_capacity:7").unwrap();
+    assert_eq!(sized.history.enabled, RecordMode::Off);
+    assert_eq!(sized.history.max_entries, 7);
+    let either_order = AllocatorConfig::parse("history_capacity:7,record_history:1").unwrap();
+    assert_eq!(either_order.history, HistoryOptions::trace(7));
+    let off = AllocatorConfig::parse("record_history:false").unwrap();
+    assert_eq!(off.history, HistoryOptions::off());
 }
 
 /// PyTorch 2.9's `parseMaxSplitSize` / `parseMaxNonSplitRoundingSize`: at least 20 MiB, and a
@@ -195,7 +212,7 @@ fn history_capacity_is_capped_at_2_to_the_24() {
     use burn_caching_alloc::alloc::MAX_HISTORY_CAPACITY;
     assert_eq!(MAX_HISTORY_CAPACITY, 1 << 24);
     let most = AllocatorConfig::parse("history_capacity:16777216").unwrap();
-    assert_eq!(most.history_capacity, 1 << 24);
+    assert_eq!(most.history.max_entries, 1 << 24);
     let err = AllocatorConfig::parse("history_capacity:16777217").unwrap_err();
     assert_eq!(
         err.to_string(),

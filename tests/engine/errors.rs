@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use burn_caching_alloc::alloc::{
-    AllocError, AllocatorConfig, CachingAllocator, Snapshot, Trace, TraceEvent,
+    AllocError, AllocatorConfig, CachingAllocator, HistoryOptions, Snapshot, Trace, TraceEvent,
 };
 use burn_caching_alloc::device::DeviceError;
 use burn_caching_alloc::device::sim::{INJECTED_FAILURE, SimCall, SimDevice};
@@ -443,7 +443,7 @@ fn the_history_ring_keeps_the_newest_events() {
     // 4 events in the first round (with the segment), 3 in each other: 10, of which 3 kept.
     assert_eq!(trace.dropped, 7);
     assert!(matches!(trace.events[2], TraceEvent::FreeCompleted { .. }));
-    alloc.record_history(false);
+    alloc.record_memory_history(HistoryOptions::off());
     assert!(alloc.trace().events.is_empty());
 }
 

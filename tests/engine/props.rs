@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use burn_caching_alloc::alloc::{
     AllocError, Allocation, AllocatorConfig, BlockState, CachingAllocator, MemoryStats, PoolKind,
-    SegmentSizing, Snapshot, TraceEvent,
+    RecordMode, SegmentSizing, Snapshot, TraceEvent,
 };
 use burn_caching_alloc::device::DeviceError;
 use burn_caching_alloc::device::sim::{INJECTED_FAILURE, SimCall, SimCounters, SimDevice};
@@ -207,7 +207,7 @@ impl Model {
             device_error_mallocs: 0,
             seen_peaks: BTreeMap::new(),
             last_recorded_malloc: None,
-            history: config.record_history,
+            history: config.history.enabled == RecordMode::All,
         }
     }
 
@@ -912,7 +912,8 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
                         );
                     }
                 }
-                alloc.record_history(on);
+                let enabled = if on { RecordMode::All } else { RecordMode::Off };
+                alloc.record_memory_history(config.history.with_enabled(enabled));
                 model.history = on;
                 model.last_recorded_malloc = None;
                 if !on {

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use burn_caching_alloc::alloc::{AllocError, AllocatorConfig, CachingAllocator, MIB, TraceEvent};
+use burn_caching_alloc::alloc::{
+    AllocError, AllocatorConfig, CachingAllocator, HistoryOptions, MIB, TraceEvent,
+};
 use burn_caching_alloc::device::StreamId;
 use burn_caching_alloc::device::sim::SimDevice;
 use burn_caching_alloc::runtime::{
@@ -324,7 +326,7 @@ fn recorded_inputs(allocator: &CachingAllocator<SimDevice>) -> Vec<(&'static str
 
 fn recording_engine() -> Arc<CachingAllocator<SimDevice>> {
     let mut config = AllocatorConfig::default();
-    config.record_history = true;
+    config.history = HistoryOptions::trace(1 << 20);
     Arc::new(CachingAllocator::new(SimDevice::new(64 * MIB), config))
 }
 

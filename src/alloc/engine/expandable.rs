@@ -16,8 +16,8 @@
 use super::Engine;
 use crate::alloc::block::{Backing, BlockId, BlockState, End, NewSegment};
 use crate::alloc::error::AllocError;
+use crate::alloc::history::TraceEvent;
 use crate::alloc::size::{LARGE_BUFFER, PoolKind, SMALL_BUFFER};
-use crate::alloc::trace::TraceEvent;
 use crate::device::{DeviceError, DeviceMemory, DeviceSegment, StreamId};
 
 impl<D: DeviceMemory> Engine<D> {

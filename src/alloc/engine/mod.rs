@@ -30,7 +30,7 @@ use crate::alloc::block::{BlockId, BlockState, Blocks};
 use crate::alloc::config::{AllocatorConfig, ConfigError};
 use crate::alloc::error::{AllocError, OomDiagnosis, OomNumbers};
 use crate::alloc::free_list::FreeList;
-use crate::alloc::history::{History, HistoryEntry, HistoryOptions};
+use crate::alloc::history::{HistoryEntry, HistoryOptions, Recorder, Trace, TraceEvent};
 use crate::alloc::size::{
     MIN_BLOCK_SIZE, PoolKind, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size,
 };
@@ -42,7 +42,6 @@ use events::PendingFree;
 /// stream); larger free blocks live in an ordered map.
 const LARGE_CLASS_LIMIT: u64 = 32 * MIB;
 use crate::alloc::stats::MemoryStats;
-use crate::alloc::trace::TraceEvent;
 use crate::device::{DeviceMemory, StreamId};
 
 pub(crate) struct Engine<D: DeviceMemory> {
@@ -59,7 +58,7 @@ pub(crate) struct Engine<D: DeviceMemory> {
     /// The device's virtual-memory page granularity, asked once (`None`: no virtual memory).
     vm_granularity: Option<u64>,
     stats: MemoryStats,
-    history: Option<History>,
+    history: Option<Recorder>,
     /// Large-pool cache searches while garbage collection is on: the clock that ages cached
     /// blocks (PyTorch's `get_free_blocks_call_count`).
     large_searches: u64,
@@ -99,11 +98,8 @@ pub(crate) enum Growth {
 
 impl<D: DeviceMemory> Engine<D> {
     pub fn new(device: D, config: AllocatorConfig) -> Self {
-        let history = History::new(if config.record_history {
-            HistoryOptions::trace(config.history_capacity)
-        } else {
-            HistoryOptions::off()
-        });
+        // Nothing is live yet: the recorder starts from an empty device.
+        let history = Recorder::start(config.history, []);
         let stats = MemoryStats {
             max_split_size: config
                 .max_split_size
@@ -208,7 +204,7 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// The trace recorded so far (empty when history is off).
-    pub(super) fn trace(&self) -> super::trace::Trace {
+    pub(super) fn trace(&self) -> Trace {
         self.history
             .as_ref()
             .map(|h| h.to_trace())
@@ -261,49 +257,11 @@ impl<D: DeviceMemory> Engine<D> {
         }
     }
 
-    pub fn set_history(&mut self, enabled: bool) {
-        if enabled && self.history.is_some() {
-            return;
-        }
-        let options = if enabled {
-            HistoryOptions::trace(self.config.history_capacity)
-        } else {
-            HistoryOptions::off()
-        };
-        self.set_history_options(options);
-    }
-
-    /// Starts recording with `options` (a fresh ring, seeded with the blocks and segments
-    /// live now, so later frees match), or stops recording.
-    pub fn set_history_options(&mut self, options: HistoryOptions) {
-        self.config.record_history = options.enabled == crate::alloc::history::RecordMode::All;
-        self.history = History::new(options);
-        let Some(history) = &mut self.history else {
-            return;
-        };
-        for (id, segment) in self.blocks.segments() {
-            // An expandable segment is seen as its mapped runs, as the snapshot shows it.
-            let mut in_run = false;
-            for b in self.blocks.segment_blocks(id) {
-                let block = &self.blocks[b];
-                if block.is_mapped() && !in_run {
-                    history.seed_segment(segment.address + block.offset(), segment.stream.0);
-                }
-                in_run = block.is_mapped();
-            }
-        }
-        for (_, block) in self.blocks.iter() {
-            if block.state != BlockState::Inactive {
-                let segment = self.blocks.segment(block.segment());
-                history.seed_block(
-                    block.allocation_id,
-                    segment.address + block.offset(),
-                    block.requested,
-                    block.size(),
-                    segment.stream.0,
-                );
-            }
-        }
+    /// Starts recording with `options` (a fresh ring that knows the blocks and segments live
+    /// now, so later frees match), or stops recording; the configuration in force says so.
+    pub fn record_memory_history(&mut self, options: HistoryOptions) {
+        self.config.history = options;
+        self.history = Recorder::start(options, self.live_now());
     }
 
     /// The options history is recorded with (off when not recording).

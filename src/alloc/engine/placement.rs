@@ -15,8 +15,8 @@
 
 use super::Engine;
 use crate::alloc::block::{Backing, BlockId, BlockState, End};
+use crate::alloc::history::TraceEvent;
 use crate::alloc::size::{MIN_BLOCK_SIZE, PoolKind, SMALL_SIZE};
-use crate::alloc::trace::TraceEvent;
 use crate::device::{DeviceMemory, StreamId};
 
 impl<D: DeviceMemory> Engine<D> {

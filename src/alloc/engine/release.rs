@@ -6,8 +6,8 @@
 use super::Engine;
 use crate::alloc::block::{Backing, BlockId, NewSegment};
 use crate::alloc::error::AllocError;
+use crate::alloc::history::TraceEvent;
 use crate::alloc::size::PoolKind;
-use crate::alloc::trace::TraceEvent;
 use crate::device::{DeviceError, DeviceMemory, DeviceSegment, StreamId};
 
 impl<D: DeviceMemory> Engine<D> {

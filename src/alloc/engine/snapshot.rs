@@ -1,54 +1,92 @@
 //! The engine's state as a [`Snapshot`]: every segment and block, the statistics, the
-//! configuration and the trace.
+//! configuration and the history; and what is live, for a recorder that starts now.
 
 use super::Engine;
-use crate::alloc::block::{BlockState, Segment};
-use crate::alloc::snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
+use crate::alloc::block::{BlockId, BlockState, Segment};
+use crate::alloc::history::{BlockSnapshot, Live, SegmentSnapshot, Snapshot};
 use crate::device::DeviceMemory;
 
 impl<D: DeviceMemory> Engine<D> {
-    pub fn snapshot(&self) -> Snapshot {
-        let history = self.history.as_ref();
-        let mut segments = Vec::new();
-        let push = |segments: &mut Vec<SegmentSnapshot>, segment, run: Vec<BlockSnapshot>| {
-            let mut snapshot = segment_snapshot(segment, run);
-            snapshot.stack = history.and_then(|h| h.segment_stack(snapshot.address));
-            segments.push(snapshot);
-        };
+    /// Every mapped run of blocks, segment by segment. An ordinary segment is one run; an
+    /// expandable one has a run per mapped stretch (PyTorch's `snapshot` reports one segment
+    /// per contiguous mapped range), and the history knows its segments by these runs too.
+    fn mapped_runs(&self) -> Vec<(&Segment<D::Handle>, Vec<BlockId>)> {
+        let mut runs = Vec::new();
         for (id, segment) in self.blocks.segments() {
-            // An ordinary segment is one run; an expandable one has a run per mapped stretch
-            // (PyTorch's `snapshot` reports one segment per contiguous mapped range).
-            let mut run: Vec<BlockSnapshot> = Vec::new();
+            let mut run = Vec::new();
             for b in self.blocks.segment_blocks(id) {
-                let block = &self.blocks[b];
-                if !block.is_mapped() {
-                    if !run.is_empty() {
-                        push(&mut segments, segment, std::mem::take(&mut run));
-                    }
-                    continue;
+                if self.blocks[b].is_mapped() {
+                    run.push(b);
+                } else if !run.is_empty() {
+                    runs.push((segment, std::mem::take(&mut run)));
                 }
-                run.push(BlockSnapshot {
-                    address: segment.address + block.offset(),
-                    size: block.size(),
-                    requested_size: block.requested,
-                    state: block.state,
-                    allocation_id: (block.state == BlockState::ActiveAllocated)
-                        .then_some(block.allocation_id),
-                    stack: (block.state != BlockState::Inactive)
-                        .then(|| history.and_then(|h| h.block_stack(block.allocation_id)))
-                        .flatten(),
-                });
             }
             if !run.is_empty() {
-                push(&mut segments, segment, run);
+                runs.push((segment, run));
             }
         }
+        runs
+    }
+
+    /// What is live now, for a recorder that starts now: every mapped run and every
+    /// allocated or pending-free block.
+    pub(super) fn live_now(&self) -> Vec<Live> {
+        let mut live = Vec::new();
+        for (segment, run) in self.mapped_runs() {
+            let stream = segment.stream.0;
+            live.push(Live::Segment {
+                address: segment.address + self.blocks[run[0]].offset(),
+                stream,
+            });
+            for block in run.iter().map(|b| &self.blocks[*b]) {
+                if block.state != BlockState::Inactive {
+                    live.push(Live::Block {
+                        id: block.allocation_id,
+                        address: segment.address + block.offset(),
+                        requested: block.requested,
+                        size: block.size(),
+                        stream,
+                    });
+                }
+            }
+        }
+        live
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let history = self.history.as_ref();
+        let mut segments: Vec<SegmentSnapshot> = self
+            .mapped_runs()
+            .into_iter()
+            .map(|(segment, run)| {
+                let blocks = run
+                    .iter()
+                    .map(|b| {
+                        let block = &self.blocks[*b];
+                        BlockSnapshot {
+                            address: segment.address + block.offset(),
+                            size: block.size(),
+                            requested_size: block.requested,
+                            state: block.state,
+                            allocation_id: (block.state == BlockState::ActiveAllocated)
+                                .then_some(block.allocation_id),
+                            stack: (block.state != BlockState::Inactive)
+                                .then(|| history.and_then(|h| h.block_stack(block.allocation_id)))
+                                .flatten(),
+                        }
+                    })
+                    .collect();
+                let mut snapshot = segment_snapshot(segment, blocks);
+                snapshot.stack = history.and_then(|h| h.segment_stack(snapshot.address));
+                snapshot
+            })
+            .collect();
         segments.sort_by_key(|s| s.address);
         Snapshot {
             segments,
             stats: self.stats.clone(),
             config: self.config.clone(),
-            trace: self.history.as_ref().map(|h| h.to_trace()),
+            trace: history.map(|h| h.to_trace()),
             history: self.history_entries(),
         }
     }

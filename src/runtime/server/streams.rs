@@ -24,7 +24,7 @@ use cubecl_runtime::server::{Handle, ServerError};
 use super::super::driver::Driver;
 use super::super::stream_memory::{ReclaimPolicy, StreamMemory};
 use super::ordering::SyncPoints;
-use crate::alloc::CachingAllocator;
+use crate::alloc::{CachingAllocator, RecordMode};
 use crate::device::StreamId;
 
 /// The slot of CubeCL stream `id` among `max_streams` (cubecl-runtime's `stream_index`).
@@ -104,13 +104,15 @@ impl<D: Driver> Streams<D> {
     pub(super) fn get_slot(&mut self, driver: &mut D, slot: usize) -> &mut ServerStream<D> {
         let allocator = &self.allocator;
         let properties = &self.memory_properties;
+        // A stream created while the engine records a trace sees every tensor (see
+        // `ReclaimPolicy::EveryReserve`): the policy follows the recording, asked of the
+        // allocator, not of a configuration key.
+        let policy = if allocator.history_options().enabled == RecordMode::All {
+            ReclaimPolicy::EveryReserve
+        } else {
+            ReclaimPolicy::Amortised
+        };
         self.streams.entry(slot).or_insert_with(|| {
-            // A recording engine sees every tensor: see `ReclaimPolicy::EveryReserve`.
-            let policy = if allocator.config().record_history {
-                ReclaimPolicy::EveryReserve
-            } else {
-                ReclaimPolicy::Amortised
-            };
             let engine_stream = StreamId(slot as u64);
             ServerStream {
                 memory: StreamMemory::new(allocator.clone(), engine_stream, properties)

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use super::torch_format::{pool_name, state_name};
 use crate::alloc::block::BlockState;
+use crate::alloc::history::Snapshot;
 use crate::alloc::history::{HistoryEntry, TraceAction};
-use crate::alloc::snapshot::Snapshot;
 use crate::alloc::stack::{Stack, StackResolver};
 
 /// A cache above the engine (CubeCL's layer), shown with the engine's numbers.

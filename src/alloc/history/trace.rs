@@ -1,13 +1,15 @@
-//! The history of engine operations: a ring of events that serialises.
+//! The engine's events, the trace the replay reads: JSON in memory, and trace files on disk
+//! (JSON, gzipped when the name ends in `.gz`; see `file.rs`).
 //!
 //! `Malloc`, `FreeRequested`, `RecordStream` and `EmptyCache` are the inputs a caller gave;
 //! the other events are what the engine did about them. Replaying the inputs through any
 //! allocator reproduces the workload (the `replay` crate of this workspace does).
 
-use std::collections::VecDeque;
-use std::io::{Read, Write};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+use super::file::{self, MAX_TRACE_BYTES, TraceFileError};
 
 /// One entry of the engine's history, like an entry of PyTorch's `device_traces`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,7 +111,7 @@ impl TraceEvent {
     }
 }
 
-/// A recorded history. `dropped` counts events the ring overwrote.
+/// The recorded events. `dropped` counts events the ring overwrote.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trace {
     /// The events, oldest first.
@@ -135,49 +137,20 @@ impl Trace {
         serde_json::from_str(text)
     }
 
-    /// Writes the trace as JSON to `writer`.
-    pub fn write_json(&self, writer: impl Write) -> Result<(), serde_json::Error> {
-        serde_json::to_writer(writer, self)
+    /// Reads the trace in `path`: JSON, or gzipped JSON when the name ends in `.gz`; at most
+    /// [`MAX_TRACE_BYTES`] of JSON.
+    pub fn read_file(path: &Path) -> Result<Self, TraceFileError> {
+        file::read(path, MAX_TRACE_BYTES)
     }
 
-    /// Reads a JSON trace from `reader`.
-    pub fn read_json(reader: impl Read) -> Result<Self, serde_json::Error> {
-        serde_json::from_reader(reader)
-    }
-}
-
-/// A bounded history: the newest `capacity` entries, oldest first.
-#[derive(Debug)]
-pub(crate) struct TraceRing<T> {
-    entries: VecDeque<T>,
-    capacity: usize,
-    dropped: u64,
-}
-
-impl<T> TraceRing<T> {
-    pub fn new(capacity: usize) -> Self {
-        Self {
-            entries: VecDeque::new(),
-            capacity: capacity.max(1),
-            dropped: 0,
-        }
+    /// Writes the trace to `path`: JSON, gzipped when the name ends in `.gz`. The file
+    /// appears under its name only once complete (written beside it, then renamed).
+    pub fn write_file(&self, path: &Path) -> Result<(), TraceFileError> {
+        file::write(self, path)
     }
 
-    pub fn push(&mut self, entry: T) {
-        if self.entries.len() == self.capacity {
-            self.entries.pop_front();
-            self.dropped += 1;
-        }
-        self.entries.push_back(entry);
-    }
-
-    /// The entries, oldest first.
-    pub fn iter(&self) -> impl Iterator<Item = &T> {
-        self.entries.iter()
-    }
-
-    /// How many older entries the ring overwrote.
-    pub fn dropped(&self) -> u64 {
-        self.dropped
+    /// Decodes a gzipped JSON trace held in memory (an embedded trace file).
+    pub fn from_json_gz(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_reader(flate2::read::GzDecoder::new(bytes))
     }
 }

@@ -74,99 +74,86 @@ fn read_capped(reader: impl Read, limit: u64) -> std::io::Result<Option<Vec<u8>>
     Ok((bytes.len() as u64 <= limit).then_some(bytes))
 }
 
-impl Trace {
-    /// Reads the trace in `path`: JSON, or gzipped JSON when the name ends in `.gz`; at most
-    /// [`MAX_TRACE_BYTES`] of JSON.
-    pub fn read_file(path: &Path) -> Result<Self, TraceFileError> {
-        Self::read_file_capped(path, MAX_TRACE_BYTES)
-    }
-
-    /// [`Trace::read_file`] with a limit of `limit` bytes of JSON.
-    pub fn read_file_capped(path: &Path, limit: u64) -> Result<Self, TraceFileError> {
-        let path_buf = || path.to_path_buf();
-        let file = File::open(path).map_err(|source| TraceFileError::Io {
-            path: path_buf(),
-            source,
-        })?;
-        let bytes = if gzipped(path) {
-            read_capped(GzDecoder::new(BufReader::new(file)), limit).map_err(|source| {
-                TraceFileError::Gzip {
-                    path: path_buf(),
-                    source,
-                }
-            })?
-        } else {
-            read_capped(BufReader::new(file), limit).map_err(|source| TraceFileError::Io {
+/// The trace in `path` ([`Trace::read_file`]), at most `limit` bytes of JSON.
+pub(super) fn read(path: &Path, limit: u64) -> Result<Trace, TraceFileError> {
+    let path_buf = || path.to_path_buf();
+    let file = File::open(path).map_err(|source| TraceFileError::Io {
+        path: path_buf(),
+        source,
+    })?;
+    let bytes = if gzipped(path) {
+        read_capped(GzDecoder::new(BufReader::new(file)), limit).map_err(|source| {
+            TraceFileError::Gzip {
                 path: path_buf(),
                 source,
-            })?
-        };
-        let bytes = bytes.ok_or_else(|| TraceFileError::TooLarge {
-            path: path_buf(),
-            limit,
-        })?;
-        Trace::read_json(bytes.as_slice()).map_err(|source| TraceFileError::Json {
+            }
+        })?
+    } else {
+        read_capped(BufReader::new(file), limit).map_err(|source| TraceFileError::Io {
             path: path_buf(),
             source,
-        })
-    }
+        })?
+    };
+    let bytes = bytes.ok_or_else(|| TraceFileError::TooLarge {
+        path: path_buf(),
+        limit,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| TraceFileError::Json {
+        path: path_buf(),
+        source,
+    })
+}
 
-    /// Writes the trace to `path`: JSON, gzipped when the name ends in `.gz`. The file
-    /// appears under its name only once complete (written beside it, then renamed).
-    pub fn write_file(&self, path: &Path) -> Result<(), TraceFileError> {
-        let io = |source| TraceFileError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        // Unique per process and write, so that two writes of one path do not share it.
-        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let write = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut temporary = path.as_os_str().to_owned();
-        temporary.push(format!(".{}-{write}.partial", std::process::id()));
-        let temporary = PathBuf::from(temporary);
-        let written = self.write_whole(path, &temporary);
-        let renamed = written.and_then(|()| std::fs::rename(&temporary, path).map_err(io));
-        if renamed.is_err() {
-            let _ = std::fs::remove_file(&temporary);
-        }
-        renamed
+/// Writes `trace` to `path` ([`Trace::write_file`]): to a temporary file beside it, renamed
+/// over it once complete.
+pub(super) fn write(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
+    let io = |source| TraceFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    // Unique per process and write, so that two writes of one path do not share it.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let write = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(format!(".{}-{write}.partial", std::process::id()));
+    let temporary = PathBuf::from(temporary);
+    let written = write_whole(trace, path, &temporary);
+    let renamed = written.and_then(|()| std::fs::rename(&temporary, path).map_err(io));
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&temporary);
     }
+    renamed
+}
 
-    /// Writes the trace to `temporary` as `path` names its format, synced to the disk.
-    fn write_whole(&self, path: &Path, temporary: &Path) -> Result<(), TraceFileError> {
-        let io = |source| TraceFileError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let json = |source| TraceFileError::Json {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = BufWriter::new(File::create(temporary).map_err(io)?);
-        let mut file = if gzipped(path) {
-            let mut encoder = GzEncoder::new(file, Compression::best());
-            self.write_json(&mut encoder).map_err(json)?;
-            encoder.finish().map_err(io)?
-        } else {
-            let mut file = file;
-            self.write_json(&mut file).map_err(json)?;
-            file
-        };
-        file.flush().map_err(io)?;
-        let file = file.into_inner().map_err(|err| io(err.into_error()))?;
-        file.sync_all().map_err(io)
-    }
-
-    /// Decodes a gzipped JSON trace held in memory (an embedded trace file).
-    pub fn from_json_gz(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        Trace::read_json(GzDecoder::new(bytes))
-    }
+/// Writes `trace` to `temporary` as `path` names its format, synced to the disk.
+fn write_whole(trace: &Trace, path: &Path, temporary: &Path) -> Result<(), TraceFileError> {
+    let io = |source| TraceFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let json = |source| TraceFileError::Json {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = BufWriter::new(File::create(temporary).map_err(io)?);
+    let mut file = if gzipped(path) {
+        let mut encoder = GzEncoder::new(file, Compression::best());
+        serde_json::to_writer(&mut encoder, trace).map_err(json)?;
+        encoder.finish().map_err(io)?
+    } else {
+        let mut file = file;
+        serde_json::to_writer(&mut file, trace).map_err(json)?;
+        file
+    };
+    file.flush().map_err(io)?;
+    let file = file.into_inner().map_err(|err| io(err.into_error()))?;
+    file.sync_all().map_err(io)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::TraceEvent;
+    use crate::alloc::history::TraceEvent;
 
     fn sample() -> Trace {
         Trace {
@@ -266,11 +253,8 @@ mod tests {
         let path = scratch("capped.json.gz");
         sample().write_file(&path).expect("written");
         let json_len = serde_json::to_vec(&sample()).unwrap().len() as u64;
-        assert_eq!(
-            Trace::read_file_capped(&path, json_len).expect("at the cap"),
-            sample()
-        );
-        match Trace::read_file_capped(&path, json_len - 1) {
+        assert_eq!(read(&path, json_len).expect("at the cap"), sample());
+        match read(&path, json_len - 1) {
             Err(err @ TraceFileError::TooLarge { .. }) => {
                 assert!(
                     err.to_string().contains(&format!("{}", json_len - 1)),

@@ -2,13 +2,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::block::BlockState;
-use super::config::AllocatorConfig;
-use super::history::HistoryEntry;
-use super::size::PoolKind;
-use super::stack::Stack;
-use super::stats::MemoryStats;
+use super::entry::HistoryEntry;
 use super::trace::Trace;
+use crate::alloc::block::BlockState;
+use crate::alloc::config::AllocatorConfig;
+use crate::alloc::size::PoolKind;
+use crate::alloc::stack::Stack;
+use crate::alloc::stats::MemoryStats;
 
 /// One block of a segment, like an entry of a segment's `blocks` in `torch.cuda.memory_snapshot()`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -69,9 +69,9 @@ pub struct Snapshot {
     pub stats: MemoryStats,
     /// The configuration the allocator runs with.
     pub config: AllocatorConfig,
-    /// The trace ring, when history is recorded.
+    /// The recorded events (the trace the replay reads), when a trace is recorded.
     pub trace: Option<Trace>,
-    /// The trace ring in PyTorch's terms (timestamps, addresses, stacks), oldest first.
+    /// The same events in PyTorch's terms (timestamps, addresses, stacks), oldest first.
     #[serde(default)]
     pub history: Vec<HistoryEntry>,
 }

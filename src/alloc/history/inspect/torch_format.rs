@@ -5,9 +5,9 @@
 use super::pickle::Py;
 use crate::alloc::block::BlockState;
 use crate::alloc::config::AllocatorConfig;
+use crate::alloc::history::Snapshot;
 use crate::alloc::history::{HistoryEntry, TraceAction};
 use crate::alloc::size::PoolKind;
-use crate::alloc::snapshot::Snapshot;
 use crate::alloc::stack::{Frame, Stack, StackResolver};
 use crate::alloc::units::MIB;
 
