@@ -33,7 +33,8 @@ fn steady_state(c: &mut Criterion) {
     let mut group = c.benchmark_group("malloc_free_pair");
     for kind in ["small", "large", "mixed"] {
         let sizes = sizes(kind, 1024);
-        let alloc = CachingAllocator::new(SimDevice::new(1 << 40), AllocatorConfig::default());
+        let alloc =
+            CachingAllocator::new(SimDevice::new(1 << 40), AllocatorConfig::default()).unwrap();
         let stream = StreamId::default();
         // Warm up: keep 64 live allocations around so the pools are realistically split.
         let background: Vec<_> = sizes[..64]
@@ -70,7 +71,8 @@ fn history(c: &mut Criterion) {
         ("trace_and_stacks", trace.with_context(StackContext::Alloc)),
     ];
     for (name, options) in variants {
-        let alloc = CachingAllocator::new(SimDevice::new(1 << 40), AllocatorConfig::default());
+        let alloc =
+            CachingAllocator::new(SimDevice::new(1 << 40), AllocatorConfig::default()).unwrap();
         alloc.record_memory_history(options);
         let stream = StreamId::default();
         for &s in &sizes {

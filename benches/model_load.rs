@@ -16,10 +16,10 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use cubecl_ir::MemoryDeviceProperties;
 
 fn load(n: u64) -> u64 {
-    let allocator = Arc::new(CachingAllocator::new(
-        SimDevice::new(1 << 50),
-        AllocatorConfig::default(),
-    ));
+    let allocator = Arc::new(
+        CachingAllocator::new(SimDevice::new(1 << 50), AllocatorConfig::default())
+            .expect("the default configuration"),
+    );
     let props = MemoryDeviceProperties {
         max_page_size: 1 << 30,
         alignment: 256,

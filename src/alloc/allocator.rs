@@ -145,16 +145,20 @@ fn context_level(options: &HistoryOptions) -> u8 {
 
 impl<D: DeviceMemory> CachingAllocator<D> {
     /// An allocator over `device` with `config`; it reserves nothing until the first `malloc`.
-    pub fn new(device: D, config: AllocatorConfig) -> Self {
-        Self {
+    ///
+    /// A configuration that asks the device for a capability it lacks is refused with
+    /// [`ConfigError::Unsupported`], never served some other way: `expandable_segments` on a
+    /// device without virtual memory ([`DeviceMemory::virtual_memory_granularity`] `None`).
+    pub fn new(device: D, config: AllocatorConfig) -> Result<Self, ConfigError> {
+        Ok(Self {
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
-            engine: Mutex::new(Engine::new(device, config)),
+            engine: Mutex::new(Engine::new(device, config)?),
             stack_context: AtomicU8::new(0),
             oom_observers: Observers::default(),
             oom_snapshot: Mutex::new(None),
             device_index: AtomicU32::new(0),
             poisoned: OnceLock::new(),
-        }
+        })
     }
 
     /// Locks the engine for `operation`, which changes it; [`AllocError::Poisoned`] if an

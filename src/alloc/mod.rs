@@ -6,7 +6,7 @@
 //! use burn_caching_alloc::device::{StreamId, sim::SimDevice};
 //!
 //! let config = AllocatorConfig::parse("max_split_size_mb:128,garbage_collection_threshold:0.8")?;
-//! let alloc = CachingAllocator::new(SimDevice::new(16 << 30), config);
+//! let alloc = CachingAllocator::new(SimDevice::new(16 << 30), config)?;
 //! let stream = StreamId::default();
 //!
 //! let a = alloc.malloc(1000, stream)?; // small pool: 1024 bytes of a 2 MiB segment

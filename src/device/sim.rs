@@ -105,6 +105,8 @@ pub struct SimEvent {
 struct SimState {
     capacity: u64,
     max_segment_size: Option<u64>,
+    /// Whether the device reserves address ranges and maps pages (virtual memory).
+    virtual_memory: bool,
     next_address: u64,
     next_handle: u64,
     /// Live segments: address -> (size, handle).
@@ -175,6 +177,7 @@ impl SimDevice {
             state: Arc::new(Mutex::new(SimState {
                 capacity,
                 max_segment_size: None,
+                virtual_memory: true,
                 next_address: BASE_ADDRESS,
                 next_handle: 1,
                 live: BTreeMap::new(),
@@ -191,6 +194,13 @@ impl SimDevice {
                 completed: BTreeMap::new(),
             })),
         }
+    }
+
+    /// A device without virtual memory, like wgpu: no granularity, and every range call is
+    /// [`DeviceError::Unsupported`].
+    pub fn without_virtual_memory(self) -> Self {
+        self.state.lock().virtual_memory = false;
+        self
     }
 
     /// Limits the size of one segment, like a backend with a maximum buffer size.
@@ -428,7 +438,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn virtual_memory_granularity(&self) -> Option<u64> {
-        Some(PAGE)
+        self.state.lock().virtual_memory.then_some(PAGE)
     }
 
     fn reserve_range(
@@ -437,6 +447,9 @@ impl DeviceMemory for SimDevice {
         _stream: StreamId,
     ) -> Result<DeviceSegment<u64>, DeviceError> {
         let mut state = self.state.lock();
+        if !state.virtual_memory {
+            return Err(DeviceError::Unsupported("virtual memory"));
+        }
         let size = size.next_multiple_of(PAGE);
         let address = state.next_address;
         state.next_address = (address + size).next_multiple_of(ADDRESS_ALIGNMENT);

@@ -14,7 +14,10 @@ pub const S1: StreamId = StreamId(1);
 pub fn allocator(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, SimDevice) {
     let device = SimDevice::new(capacity);
     let config = AllocatorConfig::parse(config).expect("test config parses");
-    (CachingAllocator::new(device.clone(), config), device)
+    (
+        CachingAllocator::new(device.clone(), config).unwrap(),
+        device,
+    )
 }
 
 /// Each segment's blocks as (size, state), segments by address.

@@ -13,7 +13,8 @@ const S1: StreamId = StreamId(1);
 #[test]
 fn drop_returns_every_segment_without_a_live_block() {
     let device = SimDevice::new(1 << 34);
-    let alloc = CachingAllocator::new(Metered::new(device.clone()), AllocatorConfig::default());
+    let alloc =
+        CachingAllocator::new(Metered::new(device.clone()), AllocatorConfig::default()).unwrap();
     // Three segments: a small one (2 MiB), a shared large one (20 MiB), one of its own (64 MiB).
     let small = alloc.malloc(1000, S0).unwrap();
     let mid = alloc.malloc(5 * MIB, S0).unwrap();
@@ -36,7 +37,7 @@ fn drop_returns_every_segment_without_a_live_block() {
 fn drop_of_an_idle_allocator_returns_everything() {
     let device = Metered::new(SimDevice::new(1 << 34));
     let meter = device.meter();
-    let alloc = CachingAllocator::new(device, AllocatorConfig::default());
+    let alloc = CachingAllocator::new(device, AllocatorConfig::default()).unwrap();
     for size in [512, 3 * MIB, 100 * MIB] {
         let a = alloc.malloc(size, StreamId(1)).unwrap();
         alloc.free(a).unwrap();
@@ -52,7 +53,7 @@ fn drop_of_an_idle_allocator_returns_everything() {
 fn a_failed_event_sync_at_drop_keeps_only_the_waiting_blocks_segment() {
     crate::bad_input::capture_warnings();
     let device = SimDevice::new(1 << 34);
-    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
+    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default()).unwrap();
     // A 64 MiB block used on stream 1: its free waits on an event recorded there.
     let shared = alloc.malloc(64 * MIB, S0).unwrap();
     alloc.record_stream(&shared, S1).unwrap();
@@ -87,7 +88,7 @@ fn a_failed_event_sync_at_drop_keeps_only_the_waiting_blocks_segment() {
 #[test]
 fn a_refused_segment_free_at_drop_does_not_keep_the_other_segments() {
     let device = SimDevice::new(1 << 34);
-    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
+    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default()).unwrap();
     for size in [1000, 5 * MIB, 64 * MIB] {
         let a = alloc.malloc(size, S0).unwrap();
         alloc.free(a).unwrap();
@@ -110,7 +111,7 @@ fn a_refused_segment_free_at_drop_does_not_keep_the_other_segments() {
 fn a_failed_event_sync_at_drop_unmaps_the_other_expandable_pages() {
     let device = SimDevice::new(1 << 34);
     let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
-    let alloc = CachingAllocator::new(device.clone(), config);
+    let alloc = CachingAllocator::new(device.clone(), config).unwrap();
     let shared = alloc.malloc(40 * MIB, S0).unwrap();
     alloc.record_stream(&shared, S1).unwrap();
     alloc.free(shared).unwrap();

@@ -56,7 +56,7 @@ fn a_size_beyond_the_device_counts_as_an_oom() {
 #[test]
 fn a_device_buffer_limit_caps_segments_and_rejects_larger_requests() {
     let device = SimDevice::new(1024 * MIB).with_max_segment_size(16 * MIB);
-    let alloc = CachingAllocator::new(device.clone(), Default::default());
+    let alloc = CachingAllocator::new(device.clone(), Default::default()).unwrap();
     // 5 MiB would take a 20 MiB segment: the segment shrinks to the request.
     let a = alloc.malloc(5 * MIB, S0).unwrap();
     assert_eq!(device.live_segments()[0].1, 5 * MIB);

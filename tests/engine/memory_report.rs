@@ -8,7 +8,7 @@ use burn_caching_alloc::device::{StreamId, sim::SimDevice};
 
 fn allocator(config: &str) -> CachingAllocator<SimDevice> {
     let config = AllocatorConfig::parse(config).expect("valid config");
-    CachingAllocator::new(SimDevice::new(64 << 30), config)
+    CachingAllocator::new(SimDevice::new(64 << 30), config).unwrap()
 }
 
 fn point(alloc: &CachingAllocator<SimDevice>) -> MemoryPoint {

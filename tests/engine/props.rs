@@ -648,7 +648,7 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
         device = device.with_max_segment_size(max);
     }
     let config = AllocatorConfig::parse(config_text).expect("test config parses");
-    let alloc = CachingAllocator::new(device.clone(), config.clone());
+    let alloc = CachingAllocator::new(device.clone(), config.clone()).unwrap();
     let mut model = Model::new(&config, max_segment);
 
     for (step, op) in ops.into_iter().enumerate() {

@@ -93,7 +93,7 @@ fn the_context_follows_the_memory_to_another_thread() {
 #[ignore = "needs a CUDA device"]
 fn empty_cache_returns_segments_to_the_driver() {
     let Some(memory) = device() else { return };
-    let allocator = CachingAllocator::new(memory, AllocatorConfig::default());
+    let allocator = CachingAllocator::new(memory, AllocatorConfig::default()).unwrap();
     let free_before = allocator.device_memory_info().expect("info").free;
     let blocks: Vec<_> = (0..8)
         .map(|_| allocator.malloc(8 * MIB, StreamId(0)).expect("8 MiB"))
@@ -129,7 +129,7 @@ fn expandable_segments_map_pages_that_hold_data_and_give_them_back() {
         return;
     }
     let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
-    let alloc = CachingAllocator::new(memory, config);
+    let alloc = CachingAllocator::new(memory, config).unwrap();
     let a = alloc.malloc(30 * MIB, StreamId(0)).expect("30 MiB");
     let b = alloc.malloc(25 * MIB, StreamId(0)).expect("25 MiB");
     assert_eq!(

@@ -23,10 +23,8 @@ const NEW_SIZE_CREDIT: u64 = 32;
 
 pub(crate) fn engine(capacity: u64) -> (SimDevice, Arc<CachingAllocator<SimDevice>>) {
     let device = SimDevice::new(capacity);
-    let allocator = Arc::new(CachingAllocator::new(
-        device.clone(),
-        AllocatorConfig::default(),
-    ));
+    let allocator =
+        Arc::new(CachingAllocator::new(device.clone(), AllocatorConfig::default()).unwrap());
     (device, allocator)
 }
 
@@ -325,7 +323,7 @@ fn recorded_inputs(allocator: &CachingAllocator<SimDevice>) -> Vec<(&'static str
 fn recording_engine() -> Arc<CachingAllocator<SimDevice>> {
     let mut config = AllocatorConfig::default();
     config.record_history = true;
-    Arc::new(CachingAllocator::new(SimDevice::new(64 * MIB), config))
+    Arc::new(CachingAllocator::new(SimDevice::new(64 * MIB), config).unwrap())
 }
 
 #[test]

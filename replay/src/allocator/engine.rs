@@ -20,7 +20,9 @@ impl<D: DeviceMemory> EngineAllocator<D> {
 
     pub fn with_config(device: D, config: AllocatorConfig) -> Self {
         Self {
-            engine: CachingAllocator::new(device, config),
+            engine: CachingAllocator::new(device, config).unwrap_or_else(|err| {
+                panic!("replay: the engine refuses the configuration: {err}")
+            }),
         }
     }
 

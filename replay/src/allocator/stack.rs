@@ -56,7 +56,9 @@ impl<D: DeviceMemory> CachingStackAllocator<D> {
     /// `capacity` bytes (what CubeCL's memory properties derive from).
     pub fn with_capacity(device: D, capacity: u64, config: AllocatorConfig) -> Self {
         Self {
-            engine: Arc::new(CachingAllocator::new(device, config)),
+            engine: Arc::new(CachingAllocator::new(device, config).unwrap_or_else(|err| {
+                panic!("replay: the engine refuses the configuration: {err}")
+            })),
             capacity,
             streams: Vec::new(),
             cursor: 0,

@@ -97,8 +97,31 @@ pub(crate) enum Growth {
     BeforeFlush,
 }
 
+/// Refuses a configuration that asks `device` for a capability it lacks, rather than serving
+/// it some other way: `expandable_segments` maps pages into a reserved address range, which a
+/// device without virtual memory ([`DeviceMemory::virtual_memory_granularity`] `None`, e.g.
+/// wgpu) cannot do. The one check for it: the server opening a device reaches it through
+/// [`CachingAllocator::new`](crate::alloc::CachingAllocator::new) too.
+fn unsupported_by<D: DeviceMemory>(
+    config: &AllocatorConfig,
+    device: &D,
+) -> Result<(), ConfigError> {
+    if config.expandable_segments && device.virtual_memory_granularity().is_none() {
+        return Err(ConfigError::Unsupported {
+            key: "expandable_segments".into(),
+            reason: "this device has no virtual memory (it cannot map pages into a reserved \
+                     address range, e.g. wgpu); use a device that has (CUDA) or leave it off"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 impl<D: DeviceMemory> Engine<D> {
-    pub fn new(device: D, config: AllocatorConfig) -> Self {
+    /// An engine over `device`; [`ConfigError::Unsupported`] for a configuration the device
+    /// cannot serve (see [`unsupported_by`]).
+    pub fn new(device: D, config: AllocatorConfig) -> Result<Self, ConfigError> {
+        unsupported_by(&config, &device)?;
         let history = History::new(if config.record_history {
             HistoryOptions::trace(config.history_capacity)
         } else {
@@ -111,15 +134,8 @@ impl<D: DeviceMemory> Engine<D> {
             ..MemoryStats::default()
         };
         let fraction = config.memory_fraction;
-        let vm_granularity = device.virtual_memory_granularity();
-        if config.expandable_segments && vm_granularity.is_none() {
-            log::warn!(
-                "expandable_segments is set but this device has no virtual memory: \
-                 the allocator uses ordinary segments"
-            );
-        }
         let mut engine = Self {
-            vm_granularity,
+            vm_granularity: device.virtual_memory_granularity(),
             max_segment: device.max_segment_size(),
             device,
             config,
@@ -150,7 +166,7 @@ impl<D: DeviceMemory> Engine<D> {
                 engine.config.memory_fraction = None;
             }
         }
-        engine
+        Ok(engine)
     }
 
     /// The statistics.

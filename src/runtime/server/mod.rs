@@ -68,7 +68,6 @@ use super::env::{oom_snapshot_path, startup_config};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
 use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, ObserverThread, Stack};
-use crate::device::DeviceMemory;
 use caller_stack::CallerStacks;
 use kernels::KernelCache;
 use ordering::{
@@ -111,13 +110,19 @@ impl<D: Driver> core::fmt::Debug for CachingServer<D> {
 }
 
 impl<D: Driver> CachingServer<D> {
-    /// A server over an opened driver, with an engine configured by `config`. CubeCL stream
-    /// ids map onto `streaming.max_streams` slots of CubeCL's configuration (128 by default),
-    /// as on CubeCL's own servers.
-    pub fn new(mut driver: D, device: DeviceId, config: AllocatorConfig) -> Self {
+    /// A server over an opened driver, with an engine configured by `config` over the driver's
+    /// device memory ([`Driver::memory`], asked once here). CubeCL stream ids map onto
+    /// `streaming.max_streams` slots of CubeCL's configuration (128 by default), as on CubeCL's
+    /// own servers. A configuration the device cannot serve is the engine's
+    /// [`ConfigError::Unsupported`] (see [`CachingAllocator::new`]).
+    pub fn new(
+        mut driver: D,
+        device: DeviceId,
+        config: AllocatorConfig,
+    ) -> Result<Self, ConfigError> {
         let properties = driver.properties();
         let memory_properties: MemoryDeviceProperties = properties.memory.clone();
-        let allocator = Arc::new(CachingAllocator::new(driver.memory(), config));
+        let allocator = Arc::new(CachingAllocator::new(driver.memory(), config)?);
         allocator.set_device_index(u32::from(device.index_id));
         allocator.dump_snapshot_on_oom(oom_snapshot_path());
         // Requests run inside the server's task: observers run where they may call back into
@@ -140,7 +145,7 @@ impl<D: Driver> CachingServer<D> {
         let logger = Arc::new(ServerLogger::default());
         let utilities = ServerUtilities::new(properties, logger, driver.info(), layout);
         let max_streams = CubeClRuntimeConfig::get().streaming.max_streams as usize;
-        Self {
+        Ok(Self {
             max_binding_size: driver.max_binding_size(),
             metadata_layout: driver.metadata_layout(),
             streams: Streams::new(allocator.clone(), memory_properties, max_streams),
@@ -154,7 +159,25 @@ impl<D: Driver> CachingServer<D> {
             caller_stacks,
             utilities: Arc::new(utilities),
             comm: comm::CommState::default(),
-        }
+        })
+    }
+
+    /// What CubeCL's `DeviceService::init` does, with the reason as an error: the configuration
+    /// given in code (`backend::configure`) if any, else `BURN_CACHING_ALLOC_CONF`; the driver
+    /// opened; the server over it ([`CachingServer::new`]).
+    fn open(device_id: DeviceId) -> Result<Self, DriverError> {
+        let configured = registry::take_config::<D::Memory>(device_id);
+        let source = if configured.is_some() {
+            "backend::configure"
+        } else {
+            crate::alloc::CONFIG_ENV
+        };
+        let config = startup_config(configured)?;
+        let driver = D::open(device_id)?;
+        Self::new(driver, device_id, config).map_err(|source_err| DriverError::Config {
+            var: source,
+            source: source_err,
+        })
     }
 
     /// The same server with CubeCL stream ids mapped onto `max_streams` slots (at least one):
@@ -319,35 +342,10 @@ fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
 impl<D: Driver> DeviceService for CachingServer<D> {
     fn init(device_id: DeviceId) -> Self {
         // CubeCL opens devices lazily and gives this call no way to fail: a device that cannot
-        // be opened, or a configuration that does not parse, stops here with the reason.
-        // A configuration given in code (`backend::configure`) comes first, then the
-        // environment variable.
-        let configured = registry::take_config::<D::Memory>(device_id);
-        let source = if configured.is_some() {
-            "backend::configure"
-        } else {
-            crate::alloc::CONFIG_ENV
-        };
-        let config = startup_config(configured)
-            .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"));
-        let mut driver = D::open(device_id)
-            .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"));
-        // Expandable segments map pages into a reserved address range: a device without
-        // virtual memory (wgpu) cannot, and a configuration asking for them is refused here
-        // rather than silently served with ordinary segments.
-        if config.expandable_segments && driver.memory().virtual_memory_granularity().is_none() {
-            let err = DriverError::Config {
-                var: source,
-                source: ConfigError::Unsupported {
-                    key: "expandable_segments".into(),
-                    reason: "this device has no virtual memory (wgpu cannot map pages into a \
-                             reserved address range); use the CUDA backend or leave it off"
-                        .into(),
-                },
-            };
-            panic!("caching allocator: cannot open {device_id}: {err}");
-        }
-        Self::new(driver, device_id, config)
+        // be opened, or a configuration that does not parse or that the device cannot serve
+        // (expandable segments without virtual memory), stops here with the reason.
+        Self::open(device_id)
+            .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"))
     }
 
     fn utilities(&self) -> ServerUtilitiesHandle {

@@ -51,6 +51,8 @@ struct Seen {
     failing_records: Option<StreamId>,
     /// Device contents written so far, by (segment, offset).
     memory: HashMap<(u64, u64), Vec<u8>>,
+    /// `Driver::memory` calls: how often the server opened the device memory.
+    memory_opened: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -109,6 +111,11 @@ pub(super) struct Recording {
     seen: Arc<Mutex<Seen>>,
 }
 
+std::thread_local! {
+    /// The driver `Recording::open` hands out next on this thread (a test puts it there).
+    static NEXT_OPENED: std::cell::RefCell<Option<Recording>> = const { std::cell::RefCell::new(None) };
+}
+
 impl Driver for Recording {
     type Memory = Metered<SimDevice>;
     type Compiler = NoCompiler;
@@ -118,11 +125,22 @@ impl Driver for Recording {
     type Kernel = ();
 
     fn open(_device: DeviceId) -> Result<Self, DriverError> {
-        unreachable!("built by the tests")
+        NEXT_OPENED
+            .with(|next| next.borrow_mut().take())
+            .ok_or_else(|| DriverError::NoDevice {
+                api: "recording",
+                reason: "no driver was put in NEXT_OPENED".into(),
+                hint: "a test puts one there first",
+            })
     }
 
     fn memory(&mut self) -> Metered<SimDevice> {
-        self.memory.take().expect("asked once")
+        // Counted, not refused (a test asserts the count): a second opening gets a device of
+        // its own, as a second `CudaMemory` gets an event pool of its own.
+        self.seen.lock().memory_opened += 1;
+        self.memory
+            .take()
+            .unwrap_or_else(|| Metered::new(SimDevice::new(1 << 30)))
     }
 
     fn properties(&self) -> DeviceProperties {
@@ -285,6 +303,7 @@ fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> 
         index_id: NEXT.fetch_add(1, Ordering::Relaxed),
     };
     let server = CachingServer::new(driver, device, AllocatorConfig::default())
+        .expect("every device serves the default configuration")
         .with_max_streams(max_streams);
     Harness {
         server,
@@ -818,4 +837,92 @@ fn a_use_whose_event_cannot_be_recorded_holds_its_buffer_until_the_stream_is_syn
     h.server.memory_cleanup(stream(1));
     assert_eq!(h.server.pending_uses(), (0, 0));
     assert_eq!(h.server.allocator().stats().allocated_bytes.all.current, 0);
+}
+
+/// A device id of its own for a test that opens a server the way CubeCL does
+/// (`DeviceService::init`): the registry keeps one engine and one configuration per device.
+fn opened_device() -> DeviceId {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    DeviceId {
+        type_id: 0xCA12,
+        index_id: NEXT.fetch_add(1, Ordering::Relaxed),
+    }
+}
+
+/// A recording driver over `device` for `Recording::open` to hand out on this thread.
+fn next_opened(device: SimDevice) -> Arc<Mutex<Seen>> {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let driver = Recording {
+        memory: Some(Metered::new(device)),
+        layout: MetadataLayout::DriverBinding,
+        seen: seen.clone(),
+    };
+    NEXT_OPENED.with(|next| *next.borrow_mut() = Some(driver));
+    seen
+}
+
+/// Issue 19 item 3: `init` opened the device memory once to read the virtual-memory
+/// granularity and again for the engine (on CUDA a second `CudaMemory`, with an event pool
+/// of its own), against `Driver::memory`'s "called once per server".
+#[test]
+fn opening_a_device_opens_its_memory_once() {
+    let device = opened_device();
+    let seen = next_opened(SimDevice::new(1 << 30));
+    let server = CachingServer::<Recording>::open(device).expect("the device opens");
+    assert_eq!(seen.lock().memory_opened, 1);
+    assert_eq!(server.allocator().memory_reserved(), 0);
+
+    // A configuration given in code that asks for expandable segments, on a device with
+    // virtual memory: still one opening.
+    let device = opened_device();
+    let expandable = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    assert!(super::registry::configure::<Metered<SimDevice>>(
+        device,
+        expandable.clone()
+    ));
+    let seen = next_opened(SimDevice::new(1 << 30));
+    let server = CachingServer::<Recording>::open(device).expect("the device opens");
+    assert_eq!(seen.lock().memory_opened, 1);
+    assert_eq!(server.allocator().config(), expandable);
+}
+
+/// Issue 19 item 3: one policy for a missing capability. The server refused expandable
+/// segments on a device without virtual memory (a panic at `init`) while the engine warned and
+/// served ordinary segments; both now refuse with the engine's `ConfigError::Unsupported`.
+#[test]
+fn expandable_segments_without_virtual_memory_are_refused_by_the_engine_and_the_server() {
+    let expandable = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let engine_err = crate::alloc::CachingAllocator::new(
+        SimDevice::new(1 << 30).without_virtual_memory(),
+        expandable.clone(),
+    )
+    .err()
+    .expect("refused");
+    assert!(
+        matches!(&engine_err, crate::alloc::ConfigError::Unsupported { key, .. } if key == "expandable_segments"),
+        "{engine_err:?}"
+    );
+
+    // The server over such a device: the same error, from one opening of its memory.
+    let device = opened_device();
+    assert!(super::registry::configure::<Metered<SimDevice>>(
+        device, expandable
+    ));
+    let seen = next_opened(SimDevice::new(1 << 30).without_virtual_memory());
+    let err = CachingServer::<Recording>::open(device)
+        .err()
+        .expect("refused");
+    assert_eq!(
+        err,
+        DriverError::Config {
+            var: "backend::configure",
+            source: engine_err,
+        }
+    );
+    assert_eq!(seen.lock().memory_opened, 1);
+
+    // The same device serves every configuration that needs no virtual memory.
+    let device = opened_device();
+    next_opened(SimDevice::new(1 << 30).without_virtual_memory());
+    assert!(CachingServer::<Recording>::open(device).is_ok());
 }
