@@ -8,7 +8,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::block::BlockId;
 use super::config::{AllocatorConfig, ConfigError, validate_memory_fraction};
-use super::engine::{Engine, Growth};
+use super::engine::{Engine, MissPath};
 use super::error::AllocError;
 use super::history::{HistoryOptions, StackContext};
 use super::inspect::{self, InspectError, ViewerLayer};
@@ -220,7 +220,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         &self,
         size: u64,
         stream: StreamId,
-        growth: Growth,
+        growth: MissPath,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
         let stack = self.request_stack();
         let result = self.change("malloc").and_then(|mut engine| {
@@ -258,7 +258,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// allocation retried, or [`AllocError::TooLarge`]) is counted once in `num_ooms` and
     /// reported once to the observers and the first-OOM snapshot.
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation<D::Handle>, AllocError> {
-        self.malloc_with(size, stream, Growth::Allowed)
+        self.malloc_with(size, stream, MissPath::Allowed)
             .map(|block| block.expect("growth allowed always yields a block or an error"))
     }
 
@@ -269,7 +269,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         size: u64,
         stream: StreamId,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
-        self.malloc_with(size, stream, Growth::CacheOnly)
+        self.malloc_with(size, stream, MissPath::CacheOnly)
     }
 
     /// Allocates by every means short of flushing the cache: a cached block, new device
@@ -283,7 +283,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         size: u64,
         stream: StreamId,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
-        self.malloc_with(size, stream, Growth::BeforeFlush)
+        self.malloc_with(size, stream, MissPath::BeforeFlush)
     }
 
     /// Whether a cached block would serve this request without new device memory.
@@ -343,12 +343,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     /// Sets every peak statistic to its current value (`torch.cuda.reset_peak_memory_stats()`).
-    pub fn reset_peak_stats(&self) {
+    pub fn reset_peak_memory_stats(&self) {
         self.engine.lock().stats_mut().reset_peak();
     }
 
     /// Zeroes every cumulative amount and counter (`torch.cuda.reset_accumulated_memory_stats()`).
-    pub fn reset_accumulated_stats(&self) {
+    pub fn reset_accumulated_memory_stats(&self) {
         self.engine.lock().stats_mut().reset_accumulated();
     }
 
@@ -363,6 +363,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// each statistic's current value against a recount of the blocks. For tests and
     /// debugging: it walks everything (time linear in the blocks held). The error names the
     /// first disagreement found.
+    #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
         self.engine.lock().check_invariants()
     }
@@ -420,7 +421,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     /// Sets the device ordinal snapshots name (0 until set; the runtimes set their device's).
-    pub fn set_device_index(&self, index: u32) {
+    pub(crate) fn set_device_index(&self, index: u32) {
         self.device_index.store(index, Ordering::Relaxed);
     }
 

@@ -11,14 +11,12 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 
 use super::error::{device_error, driver_call, guarded};
+use super::events::PREWARMED_EVENTS;
 use super::events::{EventPool, PooledEvent};
 use super::probe::open_context;
 use super::streams::CudaStreams;
 use super::virtual_memory::VirtualRanges;
 use crate::device::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo, StreamId};
-
-/// Events created when the device is opened, so that recording one normally creates none.
-const PREWARMED_EVENTS: usize = 16;
 
 /// [`DeviceMemory`] over one CUDA device. A segment's handle is its device pointer.
 #[derive(Debug)]

@@ -68,7 +68,7 @@ pub struct EngineStorage<D: DeviceMemory> {
     growth: Growth,
     refused: bool,
     last_error: Option<AllocError>,
-    live_bytes: u64,
+    held_bytes: u64,
 }
 
 impl<D: DeviceMemory> core::fmt::Debug for EngineStorage<D> {
@@ -76,7 +76,7 @@ impl<D: DeviceMemory> core::fmt::Debug for EngineStorage<D> {
         f.debug_struct("EngineStorage")
             .field("stream", &self.stream)
             .field("blocks", &self.blocks.len())
-            .field("live_bytes", &self.live_bytes)
+            .field("held_bytes", &self.held_bytes)
             .finish()
     }
 }
@@ -93,7 +93,7 @@ impl<D: DeviceMemory> EngineStorage<D> {
             growth: Growth::Allowed,
             refused: false,
             last_error: None,
-            live_bytes: 0,
+            held_bytes: 0,
         }
     }
 
@@ -130,7 +130,7 @@ impl<D: DeviceMemory> EngineStorage<D> {
 
     /// Bytes CubeCL asked for across the blocks held (before the engine's 512-byte rounding).
     pub fn held_bytes(&self) -> u64 {
-        self.live_bytes
+        self.held_bytes
     }
 }
 
@@ -171,7 +171,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
         match result {
             Ok(Some(block)) => {
                 let id = StorageId::new();
-                self.live_bytes += size;
+                self.held_bytes += size;
                 self.blocks.insert(id, block);
                 Ok(StorageHandle::new(
                     id,
@@ -203,7 +203,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
             log::warn!("EngineStorage: dealloc of unknown {id} on {}", self.stream);
             return;
         };
-        self.live_bytes = self.live_bytes.saturating_sub(block.requested_size());
+        self.held_bytes = self.held_bytes.saturating_sub(block.requested_size());
         if let Err(err) = self.allocator.free(block) {
             log::error!("EngineStorage: engine refused to free a block: {err}");
         }
@@ -226,7 +226,7 @@ impl<D: DeviceMemory> Drop for EngineStorage<D> {
                 last = Some(err);
             }
         }
-        self.live_bytes = 0;
+        self.held_bytes = 0;
         if let Some(err) = last {
             log::error!(
                 "EngineStorage of {}: the engine refused {refused} block(s) at drop (last: {err})",

@@ -35,7 +35,7 @@ pub const P: BlockState = BlockState::ActivePendingFree;
 pub const F: BlockState = BlockState::Inactive;
 
 /// Statistics as they were when cumulative amounts were last zeroed (allocator creation or
-/// `reset_accumulated_stats`): `allocated - freed` of each statistic is its change since.
+/// `reset_accumulated_memory_stats`): `allocated - freed` of each statistic is its change since.
 #[derive(Clone, Debug, Default)]
 pub struct Baseline {
     pub stats: MemoryStats,
@@ -44,7 +44,7 @@ pub struct Baseline {
 }
 
 impl Baseline {
-    /// The baseline now: call right after `reset_accumulated_stats`.
+    /// The baseline now: call right after `reset_accumulated_memory_stats`.
     pub fn now(alloc: &CachingAllocator<SimDevice>, device: &SimDevice) -> Self {
         let counters = device.counters();
         Self {

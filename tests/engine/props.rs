@@ -853,18 +853,18 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
                 assert_eq!(alloc.config().memory_fraction, Some(f));
             }
             Op::ResetPeakStats => {
-                alloc.reset_peak_stats();
+                alloc.reset_peak_memory_stats();
                 let stats = alloc.stats();
                 for (name, current, peak) in Model::stats_with_exact_peaks(&stats) {
                     assert_eq!(
                         peak, current,
-                        "{name}: reset_peak_stats sets peak to current"
+                        "{name}: reset_peak_memory_stats sets peak to current"
                     );
                 }
                 model.seen_peaks.clear();
             }
             Op::ResetAccumulatedStats => {
-                alloc.reset_accumulated_stats();
+                alloc.reset_accumulated_memory_stats();
                 let stats = alloc.stats();
                 assert_eq!(
                     (

@@ -1,8 +1,11 @@
 //! The engine's state and its two entry points, malloc and free.
 //!
 //! Its parts are child modules, each adding methods to [`Engine`]: placement (best fit,
-//! split, merge) in `placement`, the release steps of the miss path and `empty_cache` in
-//! `release`, cross-stream frees in `events`, and the snapshot in `snapshot`. The public, thread-safe face is `CachingAllocator` in `allocator.rs`.
+//! split, merge) in `placement`, expandable segments (pages mapped into a reserved range) in
+//! `expandable`, the release steps of the miss path and `empty_cache` in `release`,
+//! cross-stream frees in `events`, the snapshot in `snapshot`, and the consistency check of
+//! blocks, pools and statistics in `self_check`. The public, thread-safe face is
+//! `CachingAllocator` in `allocator.rs`.
 //!
 //! A request walks this path, PyTorch's, in order:
 //! 1. complete pending frees whose stream events have finished;
@@ -86,14 +89,14 @@ pub(super) struct BlockInfo<H> {
 
 /// Whether a miss may allocate new device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Growth {
+pub(crate) enum MissPath {
     /// The whole miss path, to an out-of-memory error.
     Allowed,
     /// A cached block only; a miss is `Ok(None)`.
     CacheOnly,
     /// The miss path up to step 5; where step 6 (the cache flush) would be next, `Ok(None)`,
     /// with nothing counted: a caller with caches of its own above the engine gives them back
-    /// first and then asks again with [`Growth::Allowed`].
+    /// first and then asks again with [`MissPath::Allowed`].
     BeforeFlush,
 }
 
@@ -373,13 +376,13 @@ impl<D: DeviceMemory> Engine<D> {
         (rounded, PoolKind::for_size(rounded))
     }
 
-    /// Serves a request; `Ok(None)` only on a miss with [`Growth::CacheOnly`], or with
-    /// [`Growth::BeforeFlush`] where only the cache flush could help.
+    /// Serves a request; `Ok(None)` only on a miss with [`MissPath::CacheOnly`], or with
+    /// [`MissPath::BeforeFlush`] where only the cache flush could help.
     pub fn malloc(
         &mut self,
         size: u64,
         stream: StreamId,
-        growth: Growth,
+        growth: MissPath,
     ) -> Result<Option<BlockId>, AllocError> {
         if size == 0 {
             return Err(AllocError::ZeroSize);
@@ -407,11 +410,11 @@ impl<D: DeviceMemory> Engine<D> {
         if let Some(block) = self.take_free_block(pool, stream, rounded) {
             return Ok(Some(self.allocate_block(block, rounded, size)));
         }
-        if growth == Growth::CacheOnly {
+        if growth == MissPath::CacheOnly {
             return Ok(None);
         }
 
-        let flush = growth == Growth::Allowed;
+        let flush = growth == MissPath::Allowed;
         match self.grow(new_segment, pool, stream, rounded, flush) {
             Ok(Some(block)) => Ok(Some(self.allocate_block(block, rounded, size))),
             Ok(None) if !flush => Ok(None),

@@ -499,7 +499,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         let layer = self.cubecl_layer();
         Ok(MemoryUsage {
             number_allocs: layer.live_slices,
-            bytes_in_use: layer.live_bytes,
+            bytes_in_use: layer.tensor_bytes,
             bytes_padding: layer.padding_bytes,
             bytes_reserved: self.allocator.memory_reserved(),
         })

@@ -95,9 +95,9 @@ fn reserve_error<D: Driver>(streams: &Streams<D>, size: u64, failure: ReserveErr
              every free CubeCL slice to the allocator: {failure} CubeCL's layer holds {} in \
              {} live slices ({} of tensors, {} of alignment padding) and {} in free slices, \
              all counted as allocated by the engine.",
-            format_bytes(layer.live_bytes + layer.padding_bytes),
+            format_bytes(layer.tensor_bytes + layer.padding_bytes),
             layer.live_slices,
-            format_bytes(layer.live_bytes),
+            format_bytes(layer.tensor_bytes),
             format_bytes(layer.padding_bytes),
             format_bytes(layer.cached_bytes()),
         ),
