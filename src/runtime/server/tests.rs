@@ -909,9 +909,7 @@ fn expandable_segments_without_virtual_memory_are_refused_by_the_engine_and_the_
         device, expandable
     ));
     let seen = next_opened(SimDevice::new(1 << 30).without_virtual_memory());
-    let err = CachingServer::<Recording>::open(device)
-        .err()
-        .expect("refused");
+    let err = CachingServer::<Recording>::open(device).expect_err("refused");
     assert_eq!(
         err,
         DriverError::Config {
