@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
-use burn_caching_alloc::device::StreamId;
+use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;
 use burn_caching_alloc::runtime::StreamMemory;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -24,7 +24,7 @@ fn load(n: u64) -> u64 {
         max_page_size: 1 << 30,
         alignment: 256,
     };
-    let mut memory = StreamMemory::new(allocator, StreamId(0), &props);
+    let mut memory = StreamMemory::new(allocator, DeviceStream(0), &props);
     let params: Vec<_> = (0..n)
         .map(|i| {
             memory

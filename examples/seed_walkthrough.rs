@@ -7,7 +7,7 @@
 
 use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MemoryStats};
 use burn_caching_alloc::device::sim::SimDevice;
-use burn_caching_alloc::device::{DeviceMemory, StreamId};
+use burn_caching_alloc::device::{DeviceMemory, DeviceStream};
 use clap::{Parser, ValueEnum};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -42,7 +42,7 @@ fn report(step: &str, stats: &MemoryStats, why: &str) {
 
 fn walkthrough<D: DeviceMemory>(device: D) -> Result<(), Box<dyn std::error::Error>> {
     let alloc = CachingAllocator::new(device, AllocatorConfig::default())?;
-    let stream = StreamId::default();
+    let stream = DeviceStream::default();
     let big = 20_000 * 20_000 * F32;
     let small = 500 * 500 * F32;
 

@@ -12,7 +12,7 @@
 //!   the user API (`memory_stats`, `empty_cache`, ...).
 //!
 //! Each public item has one path: its own module's (`alloc::CachingAllocator`,
-//! `device::StreamId`, `cuda::CachingCudaRuntime`, `backend::CachingWgpu`, ...); no layer
+//! `device::DeviceStream`, `cuda::CachingCudaRuntime`, `backend::CachingWgpu`, ...); no layer
 //! re-exports what sits above it.
 //!
 //! The MNIST showcase (`examples/mnist`) and the trace replay benchmark (`replay/`) are

@@ -19,7 +19,7 @@ use super::stats::MemoryStats;
 use super::summary::summary;
 use super::trace::Trace;
 use super::units::format_bytes;
-use crate::device::{DeviceMemory, MemoryInfo, StreamId};
+use crate::device::{DeviceMemory, DeviceStream, MemoryInfo};
 
 static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -36,7 +36,7 @@ pub struct Allocation<H> {
     offset: u64,
     size: u64,
     requested: u64,
-    stream: StreamId,
+    stream: DeviceStream,
     segment: H,
 }
 
@@ -62,7 +62,7 @@ impl<H> Allocation<H> {
     }
 
     /// The stream the block was allocated on.
-    pub fn stream(&self) -> StreamId {
+    pub fn stream(&self) -> DeviceStream {
         self.stream
     }
 
@@ -219,7 +219,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     fn malloc_with(
         &self,
         size: u64,
-        stream: StreamId,
+        stream: DeviceStream,
         growth: MissPath,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
         let stack = self.request_stack();
@@ -257,7 +257,11 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// A request that fails for good (out of memory after the cache was freed and the
     /// allocation retried, or [`AllocError::TooLarge`]) is counted once in `num_ooms` and
     /// reported once to the observers and the first-OOM snapshot.
-    pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation<D::Handle>, AllocError> {
+    pub fn malloc(
+        &self,
+        size: u64,
+        stream: DeviceStream,
+    ) -> Result<Allocation<D::Handle>, AllocError> {
         self.malloc_with(size, stream, MissPath::Allowed)
             .map(|block| block.expect("growth allowed always yields a block or an error"))
     }
@@ -267,7 +271,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     pub fn malloc_cached(
         &self,
         size: u64,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
         self.malloc_with(size, stream, MissPath::CacheOnly)
     }
@@ -281,13 +285,13 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     pub fn malloc_before_flush(
         &self,
         size: u64,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
         self.malloc_with(size, stream, MissPath::BeforeFlush)
     }
 
     /// Whether a cached block would serve this request without new device memory.
-    pub fn can_serve_from_cache(&self, size: u64, stream: StreamId) -> bool {
+    pub fn can_serve_from_cache(&self, size: u64, stream: DeviceStream) -> bool {
         if size == 0 {
             return false;
         }
@@ -316,7 +320,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     pub fn record_stream(
         &self,
         allocation: &Allocation<D::Handle>,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<(), AllocError> {
         if allocation.allocator != self.id {
             return Err(AllocError::InvalidFree { id: allocation.id });
@@ -421,6 +425,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     /// Sets the device ordinal snapshots name (0 until set; the runtimes set their device's).
+    #[cfg(feature = "runtime")]
     pub(crate) fn set_device_index(&self, index: u32) {
         self.device_index.store(index, Ordering::Relaxed);
     }

@@ -42,7 +42,7 @@ use super::probe::open_context;
 use super::properties::{self, CudaDeviceSetup};
 use super::staging::{MAX_PINNED_TRANSFER, StagingPool};
 use super::streams::CudaStreams;
-use crate::device::StreamId;
+use crate::device::DeviceStream;
 use crate::runtime::{Driver, DriverError, Launch, LaunchCount, MetadataLayout, Resource};
 
 /// Writes up to this size copy from pageable memory, which the driver stages at once: pinned
@@ -64,7 +64,7 @@ fn cuda_failure(call: &'static str, err: result::DriverError) -> ServerError {
 /// Driver state of a CubeCL stream: its CUDA stream.
 #[derive(Debug)]
 pub struct CudaStream {
-    id: StreamId,
+    id: DeviceStream,
     raw: sys::CUstream,
 }
 
@@ -74,7 +74,7 @@ unsafe impl Send for CudaStream {}
 
 impl CudaStream {
     /// The engine's name of the stream.
-    pub fn id(&self) -> StreamId {
+    pub fn id(&self) -> DeviceStream {
         self.id
     }
 }
@@ -235,7 +235,7 @@ impl Driver for CudaDriver {
         }
     }
 
-    fn create_stream(&mut self, id: StreamId) -> CudaStream {
+    fn create_stream(&mut self, id: DeviceStream) -> CudaStream {
         match self.streams.get_or_create(id) {
             Ok(raw) => CudaStream { id, raw },
             Err(err) => {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo, StreamId};
+use super::{DeviceError, DeviceMemory, DeviceSegment, DeviceStream, MemoryInfo};
 
 /// Where the first fake segment starts; segments are laid out upwards, 2 MiB aligned.
 const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
@@ -97,7 +97,7 @@ pub const INJECTED_PANIC: &str = "injected panic";
 /// A simulated stream event: done once its stream was completed past it.
 #[derive(Debug)]
 pub struct SimEvent {
-    stream: StreamId,
+    stream: DeviceStream,
     sequence: u64,
 }
 
@@ -125,8 +125,8 @@ struct SimState {
     armed: [Vec<u64>; SIM_CALLS],
     armed_panics: [Vec<u64>; SIM_CALLS],
     /// Per stream: the last event sequence recorded and the last completed.
-    recorded: BTreeMap<StreamId, u64>,
-    completed: BTreeMap<StreamId, u64>,
+    recorded: BTreeMap<DeviceStream, u64>,
+    completed: BTreeMap<DeviceStream, u64>,
 }
 
 impl SimState {
@@ -255,7 +255,7 @@ impl SimDevice {
     }
 
     /// Marks every event recorded so far on `stream` as completed.
-    pub fn complete_events(&self, stream: StreamId) {
+    pub fn complete_events(&self, stream: DeviceStream) {
         let mut state = self.state.lock();
         let last = state.recorded.get(&stream).copied().unwrap_or(0);
         state.completed.insert(stream, last);
@@ -350,7 +350,7 @@ impl DeviceMemory for SimDevice {
     fn allocate(
         &mut self,
         size: u64,
-        _stream: StreamId,
+        _stream: DeviceStream,
     ) -> Result<DeviceSegment<u64>, DeviceError> {
         let mut state = self.state.lock();
         if let Err(err) = state.injected(SimCall::Allocate) {
@@ -406,7 +406,7 @@ impl DeviceMemory for SimDevice {
         })
     }
 
-    fn record_event(&mut self, stream: StreamId) -> Result<SimEvent, DeviceError> {
+    fn record_event(&mut self, stream: DeviceStream) -> Result<SimEvent, DeviceError> {
         let mut state = self.state.lock();
         state.injected(SimCall::RecordEvent)?;
         state.counters.events_recorded += 1;
@@ -444,7 +444,7 @@ impl DeviceMemory for SimDevice {
     fn reserve_range(
         &mut self,
         size: u64,
-        _stream: StreamId,
+        _stream: DeviceStream,
     ) -> Result<DeviceSegment<u64>, DeviceError> {
         let mut state = self.state.lock();
         if !state.virtual_memory {

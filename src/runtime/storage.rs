@@ -29,7 +29,7 @@ use cubecl_runtime::server::IoError;
 use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
 
 use crate::alloc::{AllocError, Allocation, CachingAllocator};
-use crate::device::{DeviceError, DeviceMemory, StreamId};
+use crate::device::{DeviceError, DeviceMemory, DeviceStream};
 
 /// Where a kernel finds a slice: the segment's device handle, and a byte range in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +62,7 @@ pub enum Growth {
 /// The caching engine as a CubeCL `ComputeStorage`, for one stream.
 pub struct EngineStorage<D: DeviceMemory> {
     allocator: Arc<CachingAllocator<D>>,
-    stream: StreamId,
+    stream: DeviceStream,
     alignment: u64,
     blocks: HashMap<StorageId, Allocation<D::Handle>>,
     growth: Growth,
@@ -84,7 +84,7 @@ impl<D: DeviceMemory> core::fmt::Debug for EngineStorage<D> {
 impl<D: DeviceMemory> EngineStorage<D> {
     /// A storage that allocates engine blocks on `stream`, with offsets aligned to `alignment`
     /// (a power of two, at most the engine's 512-byte block granularity).
-    pub fn new(allocator: Arc<CachingAllocator<D>>, stream: StreamId, alignment: u64) -> Self {
+    pub fn new(allocator: Arc<CachingAllocator<D>>, stream: DeviceStream, alignment: u64) -> Self {
         Self {
             allocator,
             stream,
@@ -103,7 +103,7 @@ impl<D: DeviceMemory> EngineStorage<D> {
     }
 
     /// The engine stream this storage allocates on.
-    pub fn stream(&self) -> StreamId {
+    pub fn stream(&self) -> DeviceStream {
         self.stream
     }
 
@@ -279,7 +279,7 @@ pub type PersistentManager<D> = MemoryManagement<EngineStorage<D>>;
 /// persistent mode but is kept for CubeCL's bookkeeping.
 pub fn persistent_manager<D: DeviceMemory>(
     allocator: Arc<CachingAllocator<D>>,
-    stream: StreamId,
+    stream: DeviceStream,
     properties: &MemoryDeviceProperties,
 ) -> PersistentManager<D> {
     let storage = EngineStorage::new(allocator, stream, properties.alignment);

@@ -5,11 +5,11 @@ use burn_caching_alloc::alloc::{
     AllocatorConfig, BlockState, CachingAllocator, MemoryStats, PoolKind, Snapshot, Stat, StatArray,
 };
 pub use burn_caching_alloc::alloc::{KIB, MIB};
-pub use burn_caching_alloc::device::StreamId;
+pub use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;
 
-pub const S0: StreamId = StreamId(0);
-pub const S1: StreamId = StreamId(1);
+pub const S0: DeviceStream = DeviceStream(0);
+pub const S1: DeviceStream = DeviceStream(1);
 
 pub fn allocator(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, SimDevice) {
     let device = SimDevice::new(capacity);

@@ -3,12 +3,12 @@
 //! left is read from the simulated device itself, not from the dropped allocator.
 
 use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
-use burn_caching_alloc::device::StreamId;
+use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::metered::Metered;
 use burn_caching_alloc::device::sim::{SimCall, SimDevice};
 
-const S0: StreamId = StreamId(0);
-const S1: StreamId = StreamId(1);
+const S0: DeviceStream = DeviceStream(0);
+const S1: DeviceStream = DeviceStream(1);
 
 #[test]
 fn drop_returns_every_segment_without_a_live_block() {
@@ -39,7 +39,7 @@ fn drop_of_an_idle_allocator_returns_everything() {
     let meter = device.meter();
     let alloc = CachingAllocator::new(device, AllocatorConfig::default()).unwrap();
     for size in [512, 3 * MIB, 100 * MIB] {
-        let a = alloc.malloc(size, StreamId(1)).unwrap();
+        let a = alloc.malloc(size, DeviceStream(1)).unwrap();
         alloc.free(a).unwrap();
     }
     drop(alloc);
@@ -115,7 +115,7 @@ fn a_failed_event_sync_at_drop_unmaps_the_other_expandable_pages() {
     let shared = alloc.malloc(40 * MIB, S0).unwrap();
     alloc.record_stream(&shared, S1).unwrap();
     alloc.free(shared).unwrap();
-    let other = alloc.malloc(40 * MIB, StreamId(2)).unwrap();
+    let other = alloc.malloc(40 * MIB, DeviceStream(2)).unwrap();
     alloc.free(other).unwrap();
     assert_eq!(device.bytes_in_use(), 80 * MIB);
     device.fail_next(SimCall::SynchronizeEvent);

@@ -526,7 +526,7 @@ fn check_malloc(
     let a = allocation?;
     assert_eq!(
         a.stream(),
-        StreamId(stream),
+        DeviceStream(stream),
         "allocated on the requested stream"
     );
     assert_eq!(a.requested_size(), size);
@@ -661,9 +661,9 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
                 let cached_only = matches!(op, Op::MallocCached { .. });
                 let expect = predict(&model, &before, size, stream);
                 let result = if cached_only {
-                    alloc.malloc_cached(size, StreamId(stream))
+                    alloc.malloc_cached(size, DeviceStream(stream))
                 } else {
-                    alloc.malloc(size, StreamId(stream)).map(Some)
+                    alloc.malloc(size, DeviceStream(stream)).map(Some)
                 };
                 processed = result.is_ok();
                 let after = alloc.snapshot();
@@ -766,8 +766,8 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
             Op::RecordStream { index, stream } if !model.live.is_empty() => {
                 let i = index % model.live.len();
                 let (a, uses) = &mut model.live[i];
-                alloc.record_stream(a, StreamId(stream)).unwrap();
-                if a.stream() != StreamId(stream) {
+                alloc.record_stream(a, DeviceStream(stream)).unwrap();
+                if a.stream() != DeviceStream(stream) {
                     uses.insert(stream);
                 }
             }
@@ -837,7 +837,7 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
                 }
             }
             Op::CompleteEvents { stream } => {
-                device.complete_events(StreamId(stream));
+                device.complete_events(DeviceStream(stream));
                 for waits in model.pending.values_mut() {
                     waits.remove(&stream);
                 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use burn_caching_alloc::alloc::{AllocError, AllocatorConfig, CachingAllocator, MIB, TraceEvent};
-use burn_caching_alloc::device::StreamId;
+use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;
 use burn_caching_alloc::runtime::{
     EngineStorage, Growth, ReclaimCounters, ReclaimPolicy, StreamMemory, persistent_manager,
@@ -12,7 +12,7 @@ use burn_caching_alloc::runtime::{
 use cubecl_ir::MemoryDeviceProperties;
 use cubecl_runtime::storage::ComputeStorage;
 
-const STREAM: StreamId = StreamId(7);
+const STREAM: DeviceStream = DeviceStream(7);
 
 /// Slice visits a reservation adds to the reclaim budget: the library's (private)
 /// `CREDIT_PER_RESERVE`.

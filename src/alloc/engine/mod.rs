@@ -46,7 +46,7 @@ use events::PendingFree;
 const LARGE_CLASS_LIMIT: u64 = 32 * MIB;
 use crate::alloc::stats::MemoryStats;
 use crate::alloc::trace::TraceEvent;
-use crate::device::{DeviceMemory, StreamId};
+use crate::device::{DeviceMemory, DeviceStream};
 
 pub(crate) struct Engine<D: DeviceMemory> {
     device: D,
@@ -83,7 +83,7 @@ pub(super) struct BlockInfo<H> {
     pub(super) offset: u64,
     pub(super) size: u64,
     pub(super) requested: u64,
-    pub(super) stream: StreamId,
+    pub(super) stream: DeviceStream,
     pub(super) segment: H,
 }
 
@@ -381,7 +381,7 @@ impl<D: DeviceMemory> Engine<D> {
     pub fn malloc(
         &mut self,
         size: u64,
-        stream: StreamId,
+        stream: DeviceStream,
         growth: MissPath,
     ) -> Result<Option<BlockId>, AllocError> {
         if size == 0 {
@@ -431,7 +431,7 @@ impl<D: DeviceMemory> Engine<D> {
         &mut self,
         new_segment: u64,
         pool: PoolKind,
-        stream: StreamId,
+        stream: DeviceStream,
         rounded: u64,
         flush: bool,
     ) -> Result<Option<BlockId>, AllocError> {
@@ -459,7 +459,7 @@ impl<D: DeviceMemory> Engine<D> {
         &mut self,
         new_segment: u64,
         pool: PoolKind,
-        stream: StreamId,
+        stream: DeviceStream,
         rounded: u64,
     ) -> Result<Option<BlockId>, AllocError> {
         if !self.expandable() {
@@ -508,7 +508,7 @@ impl<D: DeviceMemory> Engine<D> {
         &mut self,
         id: u64,
         block: BlockId,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<(), AllocError> {
         let block = self.live_block(id, block)?;
         if self.blocks.stream(block) != stream {
@@ -534,7 +534,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// bytes. PyTorch learns this only when `cudaMalloc` fails and counts it as an
     /// out-of-memory (`num_ooms`, an `oom` trace entry); so does this allocator, but it knows
     /// up front, so it neither flushes the cache nor counts a retry first.
-    fn too_large(&mut self, size: u64, max: u64, stream: StreamId) -> AllocError {
+    fn too_large(&mut self, size: u64, max: u64, stream: DeviceStream) -> AllocError {
         let (rounded, _) = self.block_for(size);
         let device_free = self.device.memory_info().ok().map_or(0, |i| i.free);
         self.count_oom(size, rounded, device_free, stream);
@@ -546,7 +546,7 @@ impl<D: DeviceMemory> Engine<D> {
 
     /// Counts an out-of-memory and records it in the trace, with the rounded size and the
     /// device's free bytes (PyTorch's `oom` entry).
-    fn count_oom(&mut self, size: u64, rounded: u64, device_free: u64, stream: StreamId) {
+    fn count_oom(&mut self, size: u64, rounded: u64, device_free: u64, stream: DeviceStream) {
         self.stats.num_ooms += 1;
         self.record(|| TraceEvent::Oom {
             size,
@@ -559,7 +559,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// The out-of-memory error for a request of `size` bytes, with the numbers that explain
     /// it: PyTorch's, the largest free block, the free bytes in blocks too small for the
     /// request, and the configuration that would help.
-    fn out_of_memory(&mut self, size: u64, stream: StreamId) -> AllocError {
+    fn out_of_memory(&mut self, size: u64, stream: DeviceStream) -> AllocError {
         let info = self.device.memory_info().ok();
         let device_free = info.map_or(0, |i| i.free);
         let (rounded, _) = self.block_for(size);

@@ -16,7 +16,7 @@
 //!    first-OOM snapshot once.
 
 use cubecl_common::backtrace::BackTrace;
-use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_common::stream_id::StreamId;
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
 use cubecl_runtime::server::ServerError;
 
@@ -36,7 +36,7 @@ pub(super) fn reserve<D: Driver>(
     pending: &mut PendingUses<D::Event>,
     max_binding_size: Option<u64>,
     size: u64,
-    stream_id: CubeStreamId,
+    stream_id: StreamId,
 ) -> Result<ManagedMemoryHandle, ServerError> {
     checks::bindable(size, max_binding_size)?;
     match streams

@@ -13,7 +13,7 @@ use cubecl_common::bytes::Bytes;
 use cubecl_common::device::DeviceId;
 use cubecl_common::future::DynFut;
 use cubecl_common::profile::TimingMethod;
-use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_common::stream_id::StreamId;
 use cubecl_ir::{DeviceProperties, ElemType, HardwareProperties, MemoryDeviceProperties};
 use cubecl_ir::{StorageType, UIntKind, VectorSize};
 use cubecl_runtime::compiler::{CompilationError, Compiler, CubeTask};
@@ -29,26 +29,26 @@ use super::super::driver::{Driver, Launch, MetadataLayout, Resource};
 use super::super::error::DriverError;
 use super::CachingServer;
 use crate::alloc::AllocatorConfig;
-use crate::device::StreamId;
+use crate::device::DeviceStream;
 use crate::device::metered::{Meter, Metered};
 use crate::device::sim::SimDevice;
 
 /// What the recording driver saw.
 #[derive(Debug, Default)]
 struct Seen {
-    streams_created: Vec<StreamId>,
+    streams_created: Vec<DeviceStream>,
     /// Per launch: the inline info and the bytes of the metadata buffer at launch time.
     launches: Vec<(Vec<u64>, Option<Vec<u8>>)>,
     events_recorded: usize,
     waits: usize,
     /// The stream of every event recorded, by event id.
-    event_streams: Vec<StreamId>,
+    event_streams: Vec<DeviceStream>,
     /// Events the test declared complete (the others are still running).
     completed: HashSet<u64>,
     /// `synchronize_event` calls (the host waited for an event).
     event_syncs: usize,
     /// Recording an event on this stream fails.
-    failing_records: Option<StreamId>,
+    failing_records: Option<DeviceStream>,
     /// Device contents written so far, by (segment, offset).
     memory: HashMap<(u64, u64), Vec<u8>>,
     /// `Driver::memory` calls: how often the server opened the device memory.
@@ -120,7 +120,7 @@ impl Driver for Recording {
     type Memory = Metered<SimDevice>;
     type Compiler = NoCompiler;
     type Info = ();
-    type Stream = StreamId;
+    type Stream = DeviceStream;
     type Event = u64;
     type Kernel = ();
 
@@ -172,7 +172,7 @@ impl Driver for Recording {
         self.layout
     }
 
-    fn create_stream(&mut self, id: StreamId) -> StreamId {
+    fn create_stream(&mut self, id: DeviceStream) -> DeviceStream {
         self.seen.lock().streams_created.push(id);
         id
     }
@@ -188,7 +188,7 @@ impl Driver for Recording {
 
     unsafe fn launch(
         &mut self,
-        _stream: &mut StreamId,
+        _stream: &mut DeviceStream,
         launch: Launch<'_, Self>,
     ) -> Result<(), ServerError> {
         let mut seen = self.seen.lock();
@@ -202,7 +202,7 @@ impl Driver for Recording {
 
     fn write(
         &mut self,
-        _stream: &mut StreamId,
+        _stream: &mut DeviceStream,
         dst: &Resource<Self>,
         data: &[u8],
     ) -> Result<(), ServerError> {
@@ -215,7 +215,7 @@ impl Driver for Recording {
 
     fn read(
         &mut self,
-        _stream: &mut StreamId,
+        _stream: &mut DeviceStream,
         sources: Vec<(Resource<Self>, usize)>,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
         // What was written there (zeros where nothing was), `len` bytes of it.
@@ -234,15 +234,15 @@ impl Driver for Recording {
         Box::pin(async move { Ok(bytes) })
     }
 
-    fn flush(&mut self, _stream: &mut StreamId) -> Result<(), ServerError> {
+    fn flush(&mut self, _stream: &mut DeviceStream) -> Result<(), ServerError> {
         Ok(())
     }
 
-    fn sync(&mut self, _stream: &mut StreamId) -> DynFut<Result<(), ServerError>> {
+    fn sync(&mut self, _stream: &mut DeviceStream) -> DynFut<Result<(), ServerError>> {
         Box::pin(async { Ok(()) })
     }
 
-    fn record_event(&mut self, stream: &mut StreamId) -> Result<u64, ServerError> {
+    fn record_event(&mut self, stream: &mut DeviceStream) -> Result<u64, ServerError> {
         let mut seen = self.seen.lock();
         if seen.failing_records == Some(*stream) {
             return Err(ServerError::Generic {
@@ -255,7 +255,7 @@ impl Driver for Recording {
         Ok(seen.event_streams.len() as u64 - 1)
     }
 
-    fn wait_event(&mut self, _stream: &mut StreamId, _event: u64) -> Result<(), ServerError> {
+    fn wait_event(&mut self, _stream: &mut DeviceStream, _event: u64) -> Result<(), ServerError> {
         self.seen.lock().waits += 1;
         Ok(())
     }
@@ -312,19 +312,19 @@ fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> 
     }
 }
 
-pub(super) fn stream(value: u64) -> CubeStreamId {
-    CubeStreamId { value }
+pub(super) fn stream(value: u64) -> StreamId {
+    StreamId { value }
 }
 
 impl Harness {
-    pub(super) fn buffer(&mut self, size: u64, on: CubeStreamId) -> Handle {
+    pub(super) fn buffer(&mut self, size: u64, on: StreamId) -> Handle {
         let handle = Handle::new(on, size);
         self.server
             .initialize_memory(handle.memory.clone(), size, on);
         handle
     }
 
-    fn launch(&mut self, buffers: &[&Handle], info: MetadataBindingInfo, on: CubeStreamId) {
+    fn launch(&mut self, buffers: &[&Handle], info: MetadataBindingInfo, on: StreamId) {
         let args = KernelArguments {
             buffers: buffers.iter().map(|h| (*h).clone().binding()).collect(),
             info,
@@ -358,7 +358,7 @@ impl Harness {
     }
 
     /// The events recorded on `stream` so far, by id.
-    fn events_on(&self, stream: StreamId) -> Vec<u64> {
+    fn events_on(&self, stream: DeviceStream) -> Vec<u64> {
         let seen = self.seen.lock();
         (0..seen.event_streams.len() as u64)
             .filter(|id| seen.event_streams[*id as usize] == stream)
@@ -554,7 +554,7 @@ fn a_buffer_another_stream_used_is_reused_only_after_that_streams_event_complete
     let out = h.buffer(4096, stream(2));
     // The consumer (2) uses the producer's (1) batch, then the batch's last handle goes.
     h.launch(&[&batch, &out], info(), stream(2));
-    let consumer_events = h.events_on(StreamId(2));
+    let consumer_events = h.events_on(DeviceStream(2));
     assert_eq!(consumer_events.len(), 1, "one event after the use");
     assert_eq!(h.server.pending_uses(), (1, 1));
     drop(batch);
@@ -631,7 +631,7 @@ fn a_read_keeps_its_source_until_the_copy_completed_and_its_stream_until_its_eve
     cubecl_common::future::block_on(copy).expect("read");
     let next = h.buffer(4096, stream(1));
     assert_ne!(h.location(&next), first);
-    h.complete(&h.events_on(StreamId(2)));
+    h.complete(&h.events_on(DeviceStream(2)));
     let free_again = h.buffer(4096, stream(1));
     assert_eq!(h.location(&free_again), first);
 }
@@ -798,7 +798,7 @@ fn a_use_whose_event_cannot_be_recorded_holds_its_buffer_until_the_stream_is_syn
     let mut h = harness(MetadataLayout::DriverBinding, 8);
     let batch = h.buffer(4096, stream(1));
     let first = h.location(&batch);
-    h.seen.lock().failing_records = Some(StreamId(2));
+    h.seen.lock().failing_records = Some(DeviceStream(2));
     let args = KernelArguments {
         buffers: vec![batch.clone().binding()],
         info: MetadataBindingInfo::new(Vec::new(), 0),
