@@ -7,7 +7,7 @@
 use burn_caching_alloc::alloc::{
     AllocatorConfig, CachingAllocator, HistoryOptions, MIB, StackContext,
 };
-use burn_caching_alloc::device::StreamId;
+use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -33,8 +33,9 @@ fn steady_state(c: &mut Criterion) {
     let mut group = c.benchmark_group("malloc_free_pair");
     for kind in ["small", "large", "mixed"] {
         let sizes = sizes(kind, 1024);
-        let alloc = CachingAllocator::new(SimDevice::new(1 << 40), AllocatorConfig::default());
-        let stream = StreamId::default();
+        let alloc =
+            CachingAllocator::new(SimDevice::new(1 << 40), AllocatorConfig::default()).unwrap();
+        let stream = DeviceStream::default();
         // Warm up: keep 64 live allocations around so the pools are realistically split.
         let background: Vec<_> = sizes[..64]
             .iter()
@@ -70,9 +71,10 @@ fn history(c: &mut Criterion) {
         ("trace_and_stacks", trace.with_context(StackContext::Alloc)),
     ];
     for (name, options) in variants {
-        let alloc = CachingAllocator::new(SimDevice::new(1 << 40), AllocatorConfig::default());
+        let alloc =
+            CachingAllocator::new(SimDevice::new(1 << 40), AllocatorConfig::default()).unwrap();
         alloc.record_memory_history(options);
-        let stream = StreamId::default();
+        let stream = DeviceStream::default();
         for &s in &sizes {
             let a = alloc.malloc(s, stream).unwrap();
             alloc.free(a).unwrap();

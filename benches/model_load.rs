@@ -9,22 +9,22 @@
 use std::sync::Arc;
 
 use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
-use burn_caching_alloc::device::StreamId;
+use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;
 use burn_caching_alloc::runtime::StreamMemory;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use cubecl_ir::MemoryDeviceProperties;
 
 fn load(n: u64) -> u64 {
-    let allocator = Arc::new(CachingAllocator::new(
-        SimDevice::new(1 << 50),
-        AllocatorConfig::default(),
-    ));
+    let allocator = Arc::new(
+        CachingAllocator::new(SimDevice::new(1 << 50), AllocatorConfig::default())
+            .expect("the default configuration"),
+    );
     let props = MemoryDeviceProperties {
         max_page_size: 1 << 30,
         alignment: 256,
     };
-    let mut memory = StreamMemory::new(allocator, StreamId(0), &props);
+    let mut memory = StreamMemory::new(allocator, DeviceStream(0), &props);
     let params: Vec<_> = (0..n)
         .map(|i| {
             memory

@@ -5,9 +5,9 @@
 //! `cargo run --example seed_walkthrough` runs it on the simulated device (an 80 GB device
 //! that exists only in memory); `--device cuda` runs it on the first CUDA GPU.
 
-use burn_caching_alloc::alloc::{AllocError, AllocatorConfig, CachingAllocator, MemoryStats};
+use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MemoryStats};
 use burn_caching_alloc::device::sim::SimDevice;
-use burn_caching_alloc::device::{DeviceMemory, StreamId};
+use burn_caching_alloc::device::{DeviceMemory, DeviceStream};
 use clap::{Parser, ValueEnum};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -40,9 +40,9 @@ fn report(step: &str, stats: &MemoryStats, why: &str) {
     println!("    why: {why}");
 }
 
-fn walkthrough<D: DeviceMemory>(device: D) -> Result<(), AllocError> {
-    let alloc = CachingAllocator::new(device, AllocatorConfig::default());
-    let stream = StreamId::default();
+fn walkthrough<D: DeviceMemory>(device: D) -> Result<(), Box<dyn std::error::Error>> {
+    let alloc = CachingAllocator::new(device, AllocatorConfig::default())?;
+    let stream = DeviceStream::default();
     let big = 20_000 * 20_000 * F32;
     let small = 500 * 500 * F32;
 
@@ -102,7 +102,7 @@ fn main() {
 }
 
 #[cfg(feature = "cuda")]
-fn run_cuda() -> Result<(), AllocError> {
+fn run_cuda() -> Result<(), Box<dyn std::error::Error>> {
     use burn_caching_alloc::cuda::{CudaMemory, cuda_available};
     let device = cuda_available()
         .map_err(|e| e.to_string())
@@ -117,7 +117,7 @@ fn run_cuda() -> Result<(), AllocError> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda() -> Result<(), AllocError> {
+fn run_cuda() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!(
         "built without the `cuda` feature; run with `--device sim` or rebuild with `--features cuda`"
     );

@@ -11,6 +11,10 @@
 //! - `backend` (features `cuda` or `wgpu`): the Burn aliases (`CachingCuda`, `CachingWgpu`) and
 //!   the user API (`memory_stats`, `empty_cache`, ...).
 //!
+//! Each public item has one path: its own module's (`alloc::CachingAllocator`,
+//! `device::DeviceStream`, `cuda::CachingCudaRuntime`, `backend::CachingWgpu`, ...); no layer
+//! re-exports what sits above it.
+//!
 //! The MNIST showcase (`examples/mnist`) and the trace replay benchmark (`replay/`) are
 //! workspace crates of their own, built on this API.
 #![warn(missing_docs)]
@@ -24,6 +28,3 @@ pub mod device;
 pub mod runtime;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
-
-pub use alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator, MemoryStats};
-pub use device::{DeviceMemory, StreamId};

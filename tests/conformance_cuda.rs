@@ -19,7 +19,7 @@
 
 #[cfg(gpu_conformance)]
 mod caching_cuda {
-    pub type TestRuntime = burn_caching_alloc::runtime::CachingCudaRuntime;
+    pub type TestRuntime = burn_caching_alloc::cuda::CachingCudaRuntime;
 
     cubecl_core::testgen_all!();
 }

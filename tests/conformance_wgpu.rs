@@ -13,7 +13,7 @@
 mod ci;
 
 mod caching_wgpu {
-    pub type TestRuntime = burn_caching_alloc::runtime::CachingWgpuRuntime;
+    pub type TestRuntime = burn_caching_alloc::wgpu::CachingWgpuRuntime;
 
     cubecl_core::testgen_all!();
 }

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use burn_caching_alloc::device::{DeviceError, DeviceMemory, DeviceSegment, StreamId};
+use burn_caching_alloc::device::{DeviceError, DeviceMemory, DeviceSegment, DeviceStream};
 use cubecl_runtime::server::IoError;
 use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
 use parking_lot::Mutex;
@@ -34,7 +34,7 @@ pub struct DeviceResource<H> {
 /// asked for.
 pub struct DeviceStorage<D: DeviceMemory> {
     device: SharedDevice<D>,
-    stream: StreamId,
+    stream: DeviceStream,
     alignment: usize,
     segments: HashMap<StorageId, DeviceSegment<D::Handle>>,
     last_error: Option<DeviceError>,
@@ -52,7 +52,7 @@ impl<D: DeviceMemory> core::fmt::Debug for DeviceStorage<D> {
 
 impl<D: DeviceMemory> DeviceStorage<D> {
     /// A storage allocating on `device` for `stream`, reporting `alignment` to CubeCL.
-    pub fn new(device: SharedDevice<D>, stream: StreamId, alignment: usize) -> Self {
+    pub fn new(device: SharedDevice<D>, stream: DeviceStream, alignment: usize) -> Self {
         Self {
             device,
             stream,
@@ -151,7 +151,8 @@ mod tests {
     #[test]
     fn segments_are_exact_and_dropping_the_storage_frees_the_rest() {
         let sim = SimDevice::new(1 << 30);
-        let mut storage = DeviceStorage::new(Arc::new(Mutex::new(sim.clone())), StreamId(0), 512);
+        let mut storage =
+            DeviceStorage::new(Arc::new(Mutex::new(sim.clone())), DeviceStream(0), 512);
         let a = storage.alloc(1000).expect("fits");
         let b = storage.alloc(3 << 20).expect("fits");
         assert_eq!(sim.bytes_in_use(), 1000 + (3 << 20));
@@ -170,7 +171,7 @@ mod tests {
     #[test]
     fn a_device_refusal_is_kept_for_the_caller() {
         let sim = SimDevice::new(1 << 20);
-        let mut storage = DeviceStorage::new(Arc::new(Mutex::new(sim)), StreamId(0), 512);
+        let mut storage = DeviceStorage::new(Arc::new(Mutex::new(sim)), DeviceStream(0), 512);
         assert!(storage.alloc(2 << 20).is_err());
         assert!(matches!(
             storage.take_error(),

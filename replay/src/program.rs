@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use burn_caching_alloc::alloc::{Trace, TraceEvent};
-use burn_caching_alloc::device::StreamId;
+use burn_caching_alloc::device::DeviceStream;
 
 /// One replayable operation. `slot` indexes a table of live handles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,14 +16,14 @@ pub enum Op {
     Malloc {
         slot: u32,
         size: u64,
-        stream: StreamId,
+        stream: DeviceStream,
     },
     Free {
         slot: u32,
     },
     RecordStream {
         slot: u32,
-        stream: StreamId,
+        stream: DeviceStream,
     },
     EmptyCache,
 }
@@ -94,7 +94,7 @@ impl Program {
                     ops.push(Op::Malloc {
                         slot,
                         size,
-                        stream: StreamId(stream),
+                        stream: DeviceStream(stream),
                     });
                     if allocated > peak_allocated {
                         peak_allocated = allocated;
@@ -113,7 +113,7 @@ impl Program {
                 TraceEvent::RecordStream { id, stream } => match live.get(&id) {
                     Some(&(slot, _)) => ops.push(Op::RecordStream {
                         slot,
-                        stream: StreamId(stream),
+                        stream: DeviceStream(stream),
                     }),
                     None if lenient => skipped_events += 1,
                     None => return Err(TraceError::RecordOfDeadAllocation { index, id }),

@@ -8,7 +8,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::block::BlockId;
 use super::config::{AllocatorConfig, ConfigError, validate_memory_fraction};
-use super::engine::{Engine, Growth};
+use super::engine::{Engine, MissPath};
 use super::error::AllocError;
 use super::history::{HistoryOptions, Snapshot, StackContext, Trace};
 use super::inspect::{self, InspectError, ViewerLayer};
@@ -17,7 +17,7 @@ use super::stack::Stack;
 use super::stats::MemoryStats;
 use super::summary::Summary;
 use super::units::format_bytes;
-use crate::device::{DeviceMemory, MemoryInfo, StreamId};
+use crate::device::{DeviceMemory, DeviceStream, MemoryInfo};
 
 static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -34,7 +34,7 @@ pub struct Allocation<H> {
     offset: u64,
     size: u64,
     requested: u64,
-    stream: StreamId,
+    stream: DeviceStream,
     segment: H,
 }
 
@@ -60,7 +60,7 @@ impl<H> Allocation<H> {
     }
 
     /// The stream the block was allocated on.
-    pub fn stream(&self) -> StreamId {
+    pub fn stream(&self) -> DeviceStream {
         self.stream
     }
 
@@ -143,17 +143,21 @@ fn context_level(options: &HistoryOptions) -> u8 {
 
 impl<D: DeviceMemory> CachingAllocator<D> {
     /// An allocator over `device` with `config`; it reserves nothing until the first `malloc`.
-    pub fn new(device: D, config: AllocatorConfig) -> Self {
+    ///
+    /// A configuration that asks the device for a capability it lacks is refused with
+    /// [`ConfigError::Unsupported`], never served some other way: `expandable_segments` on a
+    /// device without virtual memory ([`DeviceMemory::virtual_memory_granularity`] `None`).
+    pub fn new(device: D, config: AllocatorConfig) -> Result<Self, ConfigError> {
         let stack_context = AtomicU8::new(context_level(&config.history));
-        Self {
+        Ok(Self {
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
-            engine: Mutex::new(Engine::new(device, config)),
+            engine: Mutex::new(Engine::new(device, config)?),
             stack_context,
             oom_observers: Observers::default(),
             oom_snapshot: Mutex::new(None),
             device_index: AtomicU32::new(0),
             poisoned: OnceLock::new(),
-        }
+        })
     }
 
     /// Locks the engine for `operation`, which changes it; [`AllocError::Poisoned`] if an
@@ -214,8 +218,8 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     fn malloc_with(
         &self,
         size: u64,
-        stream: StreamId,
-        growth: Growth,
+        stream: DeviceStream,
+        growth: MissPath,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
         let stack = self.request_stack();
         let result = self.change("malloc").and_then(|mut engine| {
@@ -252,8 +256,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// A request that fails for good (out of memory after the cache was freed and the
     /// allocation retried, or [`AllocError::TooLarge`]) is counted once in `num_ooms` and
     /// reported once to the observers and the first-OOM snapshot.
-    pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation<D::Handle>, AllocError> {
-        self.malloc_with(size, stream, Growth::Allowed)
+    pub fn malloc(
+        &self,
+        size: u64,
+        stream: DeviceStream,
+    ) -> Result<Allocation<D::Handle>, AllocError> {
+        self.malloc_with(size, stream, MissPath::Allowed)
             .map(|block| block.expect("growth allowed always yields a block or an error"))
     }
 
@@ -262,9 +270,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     pub fn malloc_cached(
         &self,
         size: u64,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
-        self.malloc_with(size, stream, Growth::CacheOnly)
+        self.malloc_with(size, stream, MissPath::CacheOnly)
     }
 
     /// Allocates by every means short of flushing the cache: a cached block, new device
@@ -276,13 +284,13 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     pub fn malloc_before_flush(
         &self,
         size: u64,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
-        self.malloc_with(size, stream, Growth::BeforeFlush)
+        self.malloc_with(size, stream, MissPath::BeforeFlush)
     }
 
     /// Whether a cached block would serve this request without new device memory.
-    pub fn can_serve_from_cache(&self, size: u64, stream: StreamId) -> bool {
+    pub fn can_serve_from_cache(&self, size: u64, stream: DeviceStream) -> bool {
         if size == 0 {
             return false;
         }
@@ -311,7 +319,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     pub fn record_stream(
         &self,
         allocation: &Allocation<D::Handle>,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<(), AllocError> {
         if allocation.allocator != self.id {
             return Err(AllocError::InvalidFree { id: allocation.id });
@@ -338,12 +346,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     /// Sets every peak statistic to its current value (`torch.cuda.reset_peak_memory_stats()`).
-    pub fn reset_peak_stats(&self) {
+    pub fn reset_peak_memory_stats(&self) {
         self.engine.lock().stats_mut().reset_peak();
     }
 
     /// Zeroes every cumulative amount and counter (`torch.cuda.reset_accumulated_memory_stats()`).
-    pub fn reset_accumulated_stats(&self) {
+    pub fn reset_accumulated_memory_stats(&self) {
         self.engine.lock().stats_mut().reset_accumulated();
     }
 
@@ -358,6 +366,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// each statistic's current value against a recount of the blocks. For tests and
     /// debugging: it walks everything (time linear in the blocks held). The error names the
     /// first disagreement found.
+    #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
         self.engine.lock().check_invariants()
     }
@@ -406,7 +415,8 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     /// Sets the device ordinal snapshots name (0 until set; the runtimes set their device's).
-    pub fn set_device_index(&self, index: u32) {
+    #[cfg(feature = "runtime")]
+    pub(crate) fn set_device_index(&self, index: u32) {
         self.device_index.store(index, Ordering::Relaxed);
     }
 

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use slab::Slab;
 
 use super::size::PoolKind;
-use crate::device::StreamId;
+use crate::device::DeviceStream;
 
 /// A block of the block list. Printed as its number.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -98,7 +98,7 @@ pub(crate) struct Block {
     pub requested: u64,
     pub state: BlockState,
     /// Other streams this block was used on while allocated.
-    pub stream_uses: Vec<StreamId>,
+    pub stream_uses: Vec<DeviceStream>,
     /// Events still pending before a pending-free block becomes free.
     pub pending_events: usize,
     /// The allocation id while allocated.
@@ -169,7 +169,7 @@ impl Block {
 pub(crate) struct NewSegment<H> {
     pub address: u64,
     pub size: u64,
-    pub stream: StreamId,
+    pub stream: DeviceStream,
     pub pool: PoolKind,
     pub handle: H,
     /// An expandable segment: a reserved range whose blocks may be unmapped; `size` is the
@@ -181,7 +181,7 @@ pub(crate) struct NewSegment<H> {
 pub(crate) struct Segment<H> {
     pub address: u64,
     pub size: u64,
-    pub stream: StreamId,
+    pub stream: DeviceStream,
     pub pool: PoolKind,
     pub handle: H,
     /// An expandable segment: a reserved range whose blocks may be unmapped; `size` is the
@@ -268,7 +268,7 @@ impl<H> Blocks<H> {
         self.segment_of(block).address + self[block].offset
     }
 
-    pub fn stream(&self, block: BlockId) -> StreamId {
+    pub fn stream(&self, block: BlockId) -> DeviceStream {
         self.segment_of(block).stream
     }
 

@@ -52,7 +52,8 @@ pub enum ConfigError {
         expected: String,
     },
     /// A `PYTORCH_CUDA_ALLOC_CONF` key this allocator recognises but does not implement
-    /// (e.g. `release_lock_on_cudamalloc`), or a setting the device cannot enforce.
+    /// (e.g. `release_lock_on_cudamalloc`), or one the device cannot serve
+    /// (`expandable_segments` without virtual memory).
     #[error("allocator config key `{key}` is not supported: {reason}")]
     Unsupported {
         /// The key.

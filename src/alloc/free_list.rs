@@ -19,11 +19,11 @@ use std::collections::BTreeMap;
 
 use super::block::BlockId;
 use super::size::MIN_BLOCK_SIZE;
-use crate::device::StreamId;
+use crate::device::DeviceStream;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Key {
-    stream: StreamId,
+    stream: DeviceStream,
     size: u64,
     address: u64,
 }
@@ -32,7 +32,7 @@ struct Key {
 /// stored at index `c - first`.
 #[derive(Debug)]
 struct Classes {
-    stream: StreamId,
+    stream: DeviceStream,
     first: usize,
     /// Bit `i` is set when index `i` holds a block.
     occupied: Vec<u64>,
@@ -43,7 +43,7 @@ struct Classes {
 }
 
 impl Classes {
-    fn new(stream: StreamId, first: usize, count: usize) -> Self {
+    fn new(stream: DeviceStream, first: usize, count: usize) -> Self {
         let words = count.div_ceil(64);
         Self {
             stream,
@@ -170,11 +170,11 @@ impl FreeList {
             .then_some((size / MIN_BLOCK_SIZE) as usize)
     }
 
-    fn stream_classes(&self, stream: StreamId) -> Option<&Classes> {
+    fn stream_classes(&self, stream: DeviceStream) -> Option<&Classes> {
         self.classes.iter().find(|c| c.stream == stream)
     }
 
-    pub fn insert(&mut self, stream: StreamId, size: u64, address: u64, block: BlockId) {
+    pub fn insert(&mut self, stream: DeviceStream, size: u64, address: u64, block: BlockId) {
         let Some(class) = self.class_of(size) else {
             self.ordered_in_range += usize::from(size <= self.max_size);
             let previous = self.ordered.insert(
@@ -197,7 +197,7 @@ impl FreeList {
         self.classes[at].insert(class, address, block);
     }
 
-    pub fn remove(&mut self, stream: StreamId, size: u64, address: u64) -> Option<BlockId> {
+    pub fn remove(&mut self, stream: DeviceStream, size: u64, address: u64) -> Option<BlockId> {
         match self.class_of(size) {
             Some(class) => self
                 .classes
@@ -220,7 +220,7 @@ impl FreeList {
 
     /// The smallest free block of `stream` of at least `size` bytes (the lowest address among
     /// equals): (its size, its id).
-    pub fn best_fit(&self, stream: StreamId, size: u64) -> Option<(u64, BlockId)> {
+    pub fn best_fit(&self, stream: DeviceStream, size: u64) -> Option<(u64, BlockId)> {
         let classed = (size <= self.max_size)
             .then(|| self.stream_classes(stream))
             .flatten()
@@ -260,7 +260,12 @@ impl FreeList {
 
     /// The free block of `stream` that follows (`size`, `address`) in best-fit order: the
     /// next larger address among blocks of `size`, else the smallest larger block.
-    pub fn next_after(&self, stream: StreamId, size: u64, address: u64) -> Option<(u64, BlockId)> {
+    pub fn next_after(
+        &self,
+        stream: DeviceStream,
+        size: u64,
+        address: u64,
+    ) -> Option<(u64, BlockId)> {
         let classed = self.stream_classes(stream).and_then(|classes| {
             let in_class = |index: usize, after: u64| {
                 let list = &classes.blocks[index];
@@ -302,7 +307,7 @@ impl FreeList {
     }
 
     /// Free blocks of `stream` from largest to smallest (highest address first among equals).
-    pub fn largest_first(&self, stream: StreamId) -> impl Iterator<Item = (u64, BlockId)> + '_ {
+    pub fn largest_first(&self, stream: DeviceStream) -> impl Iterator<Item = (u64, BlockId)> + '_ {
         let mut blocks: Vec<(u64, u64, BlockId)> = self
             .stream_classes(stream)
             .into_iter()
@@ -340,7 +345,7 @@ impl FreeList {
 impl FreeList {
     /// Every entry as (stream, size, address, block), for the engine's self-check.
     /// Classes are found through the bitmap, so the cost is the entries, not the classes.
-    pub fn entries(&self) -> impl Iterator<Item = (StreamId, u64, u64, BlockId)> + '_ {
+    pub fn entries(&self) -> impl Iterator<Item = (DeviceStream, u64, u64, BlockId)> + '_ {
         self.classes
             .iter()
             .flat_map(|c| {
@@ -425,8 +430,8 @@ mod tests {
     use crate::alloc::size::{SMALL_BUFFER, SMALL_SIZE};
     use crate::alloc::units::MIB;
 
-    const S0: StreamId = StreamId(0);
-    const S1: StreamId = StreamId(1);
+    const S0: DeviceStream = DeviceStream(0);
+    const S1: DeviceStream = DeviceStream(1);
 
     /// The engine's two configurations.
     fn small() -> FreeList {
@@ -455,7 +460,7 @@ mod tests {
             assert_eq!(list.best_fit(S0, (8 << 20) + 1), None);
             assert_eq!(list.best_fit(S1, 512), Some((1024, BlockId::for_test(4))));
             assert_eq!(list.best_fit(S1, 1025), None);
-            assert_eq!(list.best_fit(StreamId(2), 1), None);
+            assert_eq!(list.best_fit(DeviceStream(2), 1), None);
             assert_eq!(list.remove(S0, 2048, 5000), Some(BlockId::for_test(3)));
             assert_eq!(list.remove(S0, 2048, 5000), None);
             assert_eq!(list.best_fit(S0, 1024), Some((2048, BlockId::for_test(2))));
@@ -493,15 +498,15 @@ mod tests {
     /// equals (PyTorch's `BlockComparatorSize` order: stream, size, address).
     #[derive(Default)]
     struct Reference {
-        blocks: Vec<(StreamId, u64, u64, BlockId)>,
+        blocks: Vec<(DeviceStream, u64, u64, BlockId)>,
     }
 
     impl Reference {
-        fn insert(&mut self, stream: StreamId, size: u64, address: u64, block: BlockId) {
+        fn insert(&mut self, stream: DeviceStream, size: u64, address: u64, block: BlockId) {
             self.blocks.push((stream, size, address, block));
         }
 
-        fn remove(&mut self, stream: StreamId, size: u64, address: u64) -> Option<BlockId> {
+        fn remove(&mut self, stream: DeviceStream, size: u64, address: u64) -> Option<BlockId> {
             let at = self
                 .blocks
                 .iter()
@@ -509,7 +514,7 @@ mod tests {
             Some(self.blocks.swap_remove(at).3)
         }
 
-        fn best_fit(&self, stream: StreamId, size: u64) -> Option<(u64, BlockId)> {
+        fn best_fit(&self, stream: DeviceStream, size: u64) -> Option<(u64, BlockId)> {
             self.blocks
                 .iter()
                 .filter(|&&(s, z, _, _)| s == stream && z >= size)
@@ -517,7 +522,7 @@ mod tests {
                 .map(|&(_, z, _, b)| (z, b))
         }
 
-        fn largest_first(&self, stream: StreamId) -> Vec<(u64, BlockId)> {
+        fn largest_first(&self, stream: DeviceStream) -> Vec<(u64, BlockId)> {
             let mut blocks: Vec<_> = self.blocks.iter().filter(|b| b.0 == stream).collect();
             blocks.sort_unstable_by_key(|&&(_, z, a, _)| std::cmp::Reverse((z, a)));
             blocks.into_iter().map(|&(_, z, _, b)| (z, b)).collect()
@@ -531,7 +536,7 @@ mod tests {
         max_want: u64,
     ) {
         let mut reference = Reference::default();
-        let mut live: Vec<(StreamId, u64, u64)> = Vec::new();
+        let mut live: Vec<(DeviceStream, u64, u64)> = Vec::new();
         let mut state = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = |bound: u64| {
             state ^= state << 13;
@@ -541,7 +546,7 @@ mod tests {
         };
         for step in 0..20_000u64 {
             if live.is_empty() || next(3) > 0 {
-                let stream = StreamId(next(3));
+                let stream = DeviceStream(next(3));
                 let size = sizes(next(10), next(1 << 40));
                 let address = step * 4096 + next(4096);
                 classed.insert(stream, size, address, BlockId::for_test(step as usize));
@@ -555,7 +560,7 @@ mod tests {
                 );
                 assert_eq!(classed.remove(stream, size, address), None, "removed twice");
             }
-            let stream = StreamId(next(3));
+            let stream = DeviceStream(next(3));
             let want = 1 + next(max_want);
             assert_eq!(
                 classed.best_fit(stream, want),
@@ -567,7 +572,7 @@ mod tests {
             }
         }
         classed.check().unwrap();
-        for stream in [S0, S1, StreamId(2)] {
+        for stream in [S0, S1, DeviceStream(2)] {
             assert_eq!(
                 classed.largest_first(stream).collect::<Vec<_>>(),
                 reference.largest_first(stream)

@@ -3,11 +3,11 @@
 //!
 //! ```
 //! use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
-//! use burn_caching_alloc::device::{StreamId, sim::SimDevice};
+//! use burn_caching_alloc::device::{DeviceStream, sim::SimDevice};
 //!
 //! let config = AllocatorConfig::parse("max_split_size_mb:128,garbage_collection_threshold:0.8")?;
-//! let alloc = CachingAllocator::new(SimDevice::new(16 << 30), config);
-//! let stream = StreamId::default();
+//! let alloc = CachingAllocator::new(SimDevice::new(16 << 30), config)?;
+//! let stream = DeviceStream::default();
 //!
 //! let a = alloc.malloc(1000, stream)?; // small pool: 1024 bytes of a 2 MiB segment
 //! let b = alloc.malloc(300 << 20, stream)?; // large pool: a 300 MiB segment of its own

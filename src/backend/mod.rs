@@ -63,7 +63,7 @@ use crate::runtime::env::TRACE_ENV;
 use device::{Settled, opened, settled};
 
 #[cfg(feature = "wgpu")]
-pub use crate::wgpu::CachingWgpuRuntime;
+use crate::wgpu::CachingWgpuRuntime;
 
 /// `Autodiff<CachingWgpu>` trains on wgpu with the caching allocator; the element types are
 /// burn-wgpu 0.21's (`f32`, `i32`, `u32`). With the `fusion` feature (on by default, as in
@@ -86,7 +86,7 @@ pub type CachingWgpuUnfused<F = f32, I = i32, B = u32> =
     burn::backend::wgpu::CubeBackend<CachingWgpuRuntime, F, I, B>;
 
 #[cfg(feature = "cuda")]
-pub use crate::cuda::CachingCudaRuntime;
+use crate::cuda::CachingCudaRuntime;
 
 /// `Autodiff<CachingCuda>` trains on CUDA with the caching allocator; the element types are
 /// burn-cuda 0.21's (`f32`, `i32`, `u8`). The device is Burn's `burn::backend::cuda::CudaDevice`.
@@ -153,7 +153,7 @@ pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
     let table = crate::alloc::Summary(&stats.engine);
     let c = &stats.cubecl;
     let r = &c.reclaim;
-    let (live_bytes, live_slices) = (c.live_bytes, c.live_slices);
+    let (live_bytes, live_slices) = (c.tensor_bytes, c.live_slices);
     let allocated = stats.memory_allocated();
     let (in_engine, in_cubecl) = (stats.cached_in_engine(), stats.cached_in_cubecl());
     format!(
@@ -192,14 +192,17 @@ pub fn empty_cache<Dev: CachingDevice>(device: &Dev) {
 /// Sets every peak statistic of `device` to its current value (PyTorch's
 /// `reset_peak_memory_stats`).
 pub fn reset_peak_memory_stats<Dev: CachingDevice>(device: &Dev) {
-    settled(device).entry.allocator.reset_peak_stats();
+    settled(device).entry.allocator.reset_peak_memory_stats();
 }
 
 /// Zeroes every cumulative statistic of `device`: the `allocated`/`freed` totals and the
 /// counters (`num_ooms`, `num_device_alloc`, ...) (PyTorch's
 /// `reset_accumulated_memory_stats`).
 pub fn reset_accumulated_memory_stats<Dev: CachingDevice>(device: &Dev) {
-    settled(device).entry.allocator.reset_accumulated_stats();
+    settled(device)
+        .entry
+        .allocator
+        .reset_accumulated_memory_stats();
 }
 
 /// Caps `device`'s reserved memory at `fraction` of its total: allocations that would go above
@@ -238,8 +241,13 @@ pub fn write_trace_to<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(
 
 /// Starts recording `device`'s history with `options`, or stops with
 /// [`HistoryOptions::off`] (PyTorch's `torch.cuda.memory._record_memory_history`). Stacks are
-/// captured on the thread that runs the allocation: with CubeCL 0.10's channel, the thread that
-/// called the tensor operation, so the user's model code and Burn's operation are in them.
+/// captured on the thread that called the operation which reserved the memory (the server's
+/// `CallerStackPolicy`, `runtime/server/caller_stack.rs`). On the unfused aliases
+/// (`CachingWgpuUnfused`, `CachingCudaUnfused`) that is the user's thread, so the model's
+/// code and Burn's operation are in them; under fusion (`CachingWgpu`, `CachingCuda` with
+/// the `fusion` feature) the operations run, and allocate, on burn-fusion's device thread, and
+/// the stacks name burn-fusion's execution instead, never the model. Record on an unfused
+/// alias to find the model's line.
 ///
 /// Recording started after the device opened sees the engine's blocks: a tensor whose freed
 /// CubeCL slice is reused for one of exactly the same size makes no engine event (set

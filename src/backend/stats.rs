@@ -55,7 +55,7 @@ impl CachingMemoryStats {
     /// Bytes the live tensors asked CubeCL for (CubeCL's `bytes_in_use`, before alignment and
     /// the engine's 512-byte rounding).
     pub fn tensor_bytes(&self) -> u64 {
-        self.cubecl.live_bytes
+        self.cubecl.tensor_bytes
     }
 
     /// Bytes CubeCL held in free slices when the call was made (kept for the next tensor of
@@ -82,7 +82,7 @@ impl CachingMemoryStats {
         for (key, value) in [
             ("cubecl.streams", c.streams),
             ("cubecl.live_slices", c.live_slices),
-            ("cubecl.live_bytes", c.live_bytes),
+            ("cubecl.tensor_bytes", c.tensor_bytes),
             ("cubecl.padding_bytes", c.padding_bytes),
             ("cubecl.slice_bytes", c.slice_bytes),
             ("cubecl.cached_bytes", c.cached_bytes()),

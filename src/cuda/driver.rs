@@ -32,23 +32,22 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::result;
 use cudarc::driver::sys;
 
+use super::events::PREWARMED_EVENTS;
 use super::events::{EventPool, PooledEvent};
 use super::headers;
+use super::in_flight::{self, PendingWrites, RawStream, Unfenced};
 use super::kernel::{self, CudaCppCompiler, CudaKernel};
 use super::memory::CudaMemory;
 use super::probe::open_context;
 use super::properties::{self, CudaDeviceSetup};
-use super::staging::{self, MAX_PINNED_TRANSFER, PendingWrites, RawStream, StagingPool, Unfenced};
+use super::staging::{MAX_PINNED_TRANSFER, StagingPool};
 use super::streams::CudaStreams;
-use crate::device::StreamId;
+use crate::device::DeviceStream;
 use crate::runtime::{Driver, DriverError, Launch, LaunchCount, MetadataLayout, Resource};
 
 /// Writes up to this size copy from pageable memory, which the driver stages at once: pinned
 /// staging pays off only for larger copies, and a launch's metadata is a few hundred bytes.
 const MAX_INLINE_WRITE: usize = 64 << 10;
-
-/// Events the driver creates up front for syncs, reads and cross-stream waits.
-const PREWARMED_EVENTS: usize = 32;
 
 fn generic(reason: String) -> ServerError {
     ServerError::Generic {
@@ -65,7 +64,7 @@ fn cuda_failure(call: &'static str, err: result::DriverError) -> ServerError {
 /// Driver state of a CubeCL stream: its CUDA stream.
 #[derive(Debug)]
 pub struct CudaStream {
-    id: StreamId,
+    id: DeviceStream,
     raw: sys::CUstream,
 }
 
@@ -75,7 +74,7 @@ unsafe impl Send for CudaStream {}
 
 impl CudaStream {
     /// The engine's name of the stream.
-    pub fn id(&self) -> StreamId {
+    pub fn id(&self) -> DeviceStream {
         self.id
     }
 }
@@ -142,7 +141,7 @@ impl CudaDriver {
     }
 
     /// Returns finished staging buffers to their pool; a copy whose completion the driver
-    /// cannot report is an error (its buffers are abandoned, see `staging`).
+    /// cannot report is an error (its buffers are abandoned, see `in_flight`).
     fn collect_writes(&mut self) -> Result<(), ServerError> {
         self.pending_writes
             .collect()
@@ -236,7 +235,7 @@ impl Driver for CudaDriver {
         }
     }
 
-    fn create_stream(&mut self, id: StreamId) -> CudaStream {
+    fn create_stream(&mut self, id: DeviceStream) -> CudaStream {
         match self.streams.get_or_create(id) {
             Ok(raw) => CudaStream { id, raw },
             Err(err) => {
@@ -361,7 +360,7 @@ impl Driver for CudaDriver {
         copied.map_err(|err| cuda_failure("cuMemcpyHtoDAsync", err))?;
         // Without an event, `in_flight` waits for the stream before the buffer goes back.
         // SAFETY: a live stream of this context.
-        let in_flight = unsafe { staging::in_flight(&self.events, stream.raw, vec![staged]) }?;
+        let in_flight = unsafe { in_flight::in_flight(&self.events, stream.raw, vec![staged]) }?;
         self.pending_writes.push(in_flight);
         Ok(())
     }

@@ -15,6 +15,11 @@ use parking_lot::Mutex;
 use super::error::{device_error, driver_call, guarded};
 use crate::device::DeviceError;
 
+/// Events a pool creates when its device opens, so that recording one normally creates none:
+/// the driver's pool (syncs, reads, cross-stream waits) and the device memory's (the engine's
+/// cross-stream frees) each start with this many.
+pub(super) const PREWARMED_EVENTS: usize = 32;
+
 #[derive(Debug)]
 struct RawEvent(sys::CUevent);
 

@@ -11,14 +11,12 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 
 use super::error::{device_error, driver_call, guarded};
+use super::events::PREWARMED_EVENTS;
 use super::events::{EventPool, PooledEvent};
 use super::probe::open_context;
 use super::streams::CudaStreams;
 use super::virtual_memory::VirtualRanges;
-use crate::device::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo, StreamId};
-
-/// Events created when the device is opened, so that recording one normally creates none.
-const PREWARMED_EVENTS: usize = 16;
+use crate::device::{DeviceError, DeviceMemory, DeviceSegment, DeviceStream, MemoryInfo};
 
 /// [`DeviceMemory`] over one CUDA device. A segment's handle is its device pointer.
 #[derive(Debug)]
@@ -64,7 +62,7 @@ impl CudaMemory {
     }
 
     /// Uses the context and the stream table of a server's driver, so that events the engine
-    /// records on a [`StreamId`] land on the stream that the server issues that stream's work to.
+    /// records on a [`DeviceStream`] land on the stream that the server issues that stream's work to.
     pub(crate) fn with_streams(streams: Arc<CudaStreams>) -> Result<Self, DeviceError> {
         let context = streams.context().clone();
         driver_call("cuCtxSetCurrent", || context.bind_to_thread())?;
@@ -126,7 +124,7 @@ impl DeviceMemory for CudaMemory {
     fn allocate(
         &mut self,
         size: u64,
-        _stream: StreamId,
+        _stream: DeviceStream,
     ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
         let bytes = usize::try_from(size).map_err(|_| DeviceError::TooLarge {
             requested: size,
@@ -163,7 +161,7 @@ impl DeviceMemory for CudaMemory {
         })
     }
 
-    fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, DeviceError> {
+    fn record_event(&mut self, stream: DeviceStream) -> Result<Self::Event, DeviceError> {
         let raw = self.streams.get_or_create(stream)?;
         // SAFETY: `raw` is a live stream of this context, kept alive by the stream table.
         unsafe { self.events.record(raw) }
@@ -189,7 +187,7 @@ impl DeviceMemory for CudaMemory {
     fn reserve_range(
         &mut self,
         size: u64,
-        _stream: StreamId,
+        _stream: DeviceStream,
     ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
         self.bind()?;
         let base = self.virtual_ranges.reserve(size)?;

@@ -8,7 +8,9 @@
 //! - `error`: driver results as [`DeviceError`]s, `libcuda` panics caught;
 //! - `kernel`: CubeCL kernels compiled to CUDA C++ and through NVRTC;
 //! - `headers`: where NVRTC finds CUDA's headers, checked when the device opens;
-//! - `staging`: pinned host buffers for copies, and copies in flight until their event;
+//! - `staging`: pinned host buffers for copies, pooled;
+//! - `in_flight`: copies in flight, their buffers held until the event after them (or the
+//!   stream) says they are done;
 //! - `properties`: what the device supports, as CubeCL's `DeviceProperties`;
 //! - `driver`: the [`Driver`](crate::runtime::Driver) the generic server runs on;
 //! - `runtime`: [`CachingCudaRuntime`], the `cubecl::Runtime` Burn's `CachingCuda` uses.
@@ -24,6 +26,7 @@ mod driver;
 mod error;
 mod events;
 mod headers;
+mod in_flight;
 mod kernel;
 mod memory;
 mod probe;

@@ -1,4 +1,4 @@
-//! The CUDA streams of one device, by engine [`StreamId`], shared by the device memory and the
+//! The CUDA streams of one device, by engine [`DeviceStream`], shared by the device memory and the
 //! server's driver so that an event the engine records on a stream lands on the stream the
 //! server issues that stream's work to.
 
@@ -12,7 +12,7 @@ use cudarc::driver::sys;
 use parking_lot::Mutex;
 
 use super::error::driver_call;
-use crate::device::{DeviceError, StreamId};
+use crate::device::{DeviceError, DeviceStream};
 
 /// A raw stream handle that may cross threads (the table binds the context before using it).
 #[derive(Clone, Copy, Debug)]
@@ -21,12 +21,12 @@ struct RawStream(sys::CUstream);
 // SAFETY: a CUstream is a driver handle usable from any thread once its context is current.
 unsafe impl Send for RawStream {}
 
-/// Non-blocking CUDA streams created on first use of each [`StreamId`] and destroyed when the
+/// Non-blocking CUDA streams created on first use of each [`DeviceStream`] and destroyed when the
 /// last holder of the table is dropped (queued work still completes).
 #[derive(Debug)]
 pub struct CudaStreams {
     context: Arc<CudaContext>,
-    streams: Mutex<HashMap<StreamId, RawStream>>,
+    streams: Mutex<HashMap<DeviceStream, RawStream>>,
     /// Operations issued to the device so far (launches, copies), by anyone sharing the table:
     /// the device memory synchronises before freeing a segment only when work was issued
     /// since its last synchronisation.
@@ -66,7 +66,7 @@ impl CudaStreams {
     }
 
     /// The stream of `id`, created (non-blocking) the first time the id is asked for.
-    pub fn get_or_create(&self, id: StreamId) -> Result<sys::CUstream, DeviceError> {
+    pub fn get_or_create(&self, id: DeviceStream) -> Result<sys::CUstream, DeviceError> {
         let mut streams = self.streams.lock();
         if let Some(stream) = streams.get(&id) {
             return Ok(stream.0);

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo, StreamId};
+use super::{DeviceError, DeviceMemory, DeviceSegment, DeviceStream, MemoryInfo};
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -155,7 +155,7 @@ impl<D: DeviceMemory> DeviceMemory for Metered<D> {
     fn allocate(
         &mut self,
         size: u64,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
         let result = self.device.allocate(size, stream);
         self.meter
@@ -174,7 +174,7 @@ impl<D: DeviceMemory> DeviceMemory for Metered<D> {
         self.device.memory_info()
     }
 
-    fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, DeviceError> {
+    fn record_event(&mut self, stream: DeviceStream) -> Result<Self::Event, DeviceError> {
         self.device.record_event(stream)
     }
 
@@ -201,7 +201,7 @@ impl<D: DeviceMemory> DeviceMemory for Metered<D> {
     fn reserve_range(
         &mut self,
         size: u64,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
         self.device.reserve_range(size, stream)
     }
@@ -241,7 +241,7 @@ mod tests {
     use super::*;
     use crate::device::sim::SimDevice;
 
-    const S: StreamId = StreamId(0);
+    const S: DeviceStream = DeviceStream(0);
 
     #[test]
     fn counts_allocs_frees_failures_and_bytes_like_the_device() {

@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
-pub struct StreamId(pub u64);
+pub struct DeviceStream(pub u64);
 
-impl core::fmt::Display for StreamId {
+impl core::fmt::Display for DeviceStream {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "stream {}", self.0)
     }
@@ -93,14 +93,14 @@ pub trait DeviceMemory: Send + 'static {
     fn allocate(
         &mut self,
         size: u64,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<DeviceSegment<Self::Handle>, DeviceError>;
     /// Returns a segment to the device.
     fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError>;
     /// Free and total bytes of the device.
     fn memory_info(&mut self) -> Result<MemoryInfo, DeviceError>;
     /// Records an event on `stream` at the current point of its work.
-    fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, DeviceError>;
+    fn record_event(&mut self, stream: DeviceStream) -> Result<Self::Event, DeviceError>;
     /// Whether the work before `event` has completed.
     fn query_event(&mut self, event: &Self::Event) -> Result<bool, DeviceError>;
     /// Blocks until the work before `event` has completed.
@@ -124,7 +124,7 @@ pub trait DeviceMemory: Send + 'static {
     fn reserve_range(
         &mut self,
         size: u64,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<DeviceSegment<Self::Handle>, DeviceError> {
         let _ = (size, stream);
         Err(DeviceError::Unsupported("virtual memory"))

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo, StreamId};
+use super::{DeviceError, DeviceMemory, DeviceSegment, DeviceStream, MemoryInfo};
 
 /// Where the first fake segment starts; segments are laid out upwards, 2 MiB aligned.
 const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
@@ -97,7 +97,7 @@ pub const INJECTED_PANIC: &str = "injected panic";
 /// A simulated stream event: done once its stream was completed past it.
 #[derive(Debug)]
 pub struct SimEvent {
-    stream: StreamId,
+    stream: DeviceStream,
     sequence: u64,
 }
 
@@ -105,6 +105,8 @@ pub struct SimEvent {
 struct SimState {
     capacity: u64,
     max_segment_size: Option<u64>,
+    /// Whether the device reserves address ranges and maps pages (virtual memory).
+    virtual_memory: bool,
     next_address: u64,
     next_handle: u64,
     /// Live segments: address -> (size, handle).
@@ -123,8 +125,8 @@ struct SimState {
     armed: [Vec<u64>; SIM_CALLS],
     armed_panics: [Vec<u64>; SIM_CALLS],
     /// Per stream: the last event sequence recorded and the last completed.
-    recorded: BTreeMap<StreamId, u64>,
-    completed: BTreeMap<StreamId, u64>,
+    recorded: BTreeMap<DeviceStream, u64>,
+    completed: BTreeMap<DeviceStream, u64>,
 }
 
 impl SimState {
@@ -175,6 +177,7 @@ impl SimDevice {
             state: Arc::new(Mutex::new(SimState {
                 capacity,
                 max_segment_size: None,
+                virtual_memory: true,
                 next_address: BASE_ADDRESS,
                 next_handle: 1,
                 live: BTreeMap::new(),
@@ -191,6 +194,13 @@ impl SimDevice {
                 completed: BTreeMap::new(),
             })),
         }
+    }
+
+    /// A device without virtual memory, like wgpu: no granularity, and every range call is
+    /// [`DeviceError::Unsupported`].
+    pub fn without_virtual_memory(self) -> Self {
+        self.state.lock().virtual_memory = false;
+        self
     }
 
     /// Limits the size of one segment, like a backend with a maximum buffer size.
@@ -245,7 +255,7 @@ impl SimDevice {
     }
 
     /// Marks every event recorded so far on `stream` as completed.
-    pub fn complete_events(&self, stream: StreamId) {
+    pub fn complete_events(&self, stream: DeviceStream) {
         let mut state = self.state.lock();
         let last = state.recorded.get(&stream).copied().unwrap_or(0);
         state.completed.insert(stream, last);
@@ -340,7 +350,7 @@ impl DeviceMemory for SimDevice {
     fn allocate(
         &mut self,
         size: u64,
-        _stream: StreamId,
+        _stream: DeviceStream,
     ) -> Result<DeviceSegment<u64>, DeviceError> {
         let mut state = self.state.lock();
         if let Err(err) = state.injected(SimCall::Allocate) {
@@ -396,7 +406,7 @@ impl DeviceMemory for SimDevice {
         })
     }
 
-    fn record_event(&mut self, stream: StreamId) -> Result<SimEvent, DeviceError> {
+    fn record_event(&mut self, stream: DeviceStream) -> Result<SimEvent, DeviceError> {
         let mut state = self.state.lock();
         state.injected(SimCall::RecordEvent)?;
         state.counters.events_recorded += 1;
@@ -428,15 +438,18 @@ impl DeviceMemory for SimDevice {
     }
 
     fn virtual_memory_granularity(&self) -> Option<u64> {
-        Some(PAGE)
+        self.state.lock().virtual_memory.then_some(PAGE)
     }
 
     fn reserve_range(
         &mut self,
         size: u64,
-        _stream: StreamId,
+        _stream: DeviceStream,
     ) -> Result<DeviceSegment<u64>, DeviceError> {
         let mut state = self.state.lock();
+        if !state.virtual_memory {
+            return Err(DeviceError::Unsupported("virtual memory"));
+        }
         let size = size.next_multiple_of(PAGE);
         let address = state.next_address;
         state.next_address = (address + size).next_multiple_of(ADDRESS_ALIGNMENT);

@@ -25,7 +25,7 @@ use cubecl_runtime::server::{ExecutionMode, KernelArguments, LaunchError, Server
 
 use super::error::DriverError;
 use super::storage::EngineResource;
-use crate::device::{DeviceMemory, StreamId};
+use crate::device::{DeviceMemory, DeviceStream};
 
 /// A buffer as a kernel or a copy sees it: segment handle, offset and size.
 pub type Resource<D> = EngineResource<<<D as Driver>::Memory as DeviceMemory>::Handle>;
@@ -123,7 +123,7 @@ pub trait Driver: Send + Sized + 'static {
     /// Creates the driver state of a new CubeCL stream; `id` is the engine's name for it (the
     /// stream the engine records its events on). A driver that cannot create one logs why and
     /// falls back to a stream that is always valid (e.g. the device's default stream).
-    fn create_stream(&mut self, id: StreamId) -> Self::Stream;
+    fn create_stream(&mut self, id: DeviceStream) -> Self::Stream;
 
     /// Compiles `kernel` in `mode`; `args` tells the binding layout (buffers, metadata).
     fn compile(

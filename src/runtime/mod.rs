@@ -42,10 +42,6 @@ pub(crate) mod registry;
 #[cfg(feature = "runtime")]
 pub(crate) mod server;
 
-#[cfg(feature = "cuda")]
-pub use crate::cuda::{CachingCudaRuntime, CudaDriver};
-#[cfg(feature = "wgpu")]
-pub use crate::wgpu::{CachingWgpuRuntime, WgpuDriver};
 #[cfg(feature = "runtime")]
 pub use driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 #[cfg(feature = "runtime")]

@@ -29,7 +29,7 @@ use cubecl_runtime::server::IoError;
 use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
 
 use crate::alloc::{AllocError, Allocation, CachingAllocator};
-use crate::device::{DeviceError, DeviceMemory, StreamId};
+use crate::device::{DeviceError, DeviceMemory, DeviceStream};
 
 /// Where a kernel finds a slice: the segment's device handle, and a byte range in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,13 +62,13 @@ pub enum Growth {
 /// The caching engine as a CubeCL `ComputeStorage`, for one stream.
 pub struct EngineStorage<D: DeviceMemory> {
     allocator: Arc<CachingAllocator<D>>,
-    stream: StreamId,
+    stream: DeviceStream,
     alignment: u64,
     blocks: HashMap<StorageId, Allocation<D::Handle>>,
     growth: Growth,
     refused: bool,
     last_error: Option<AllocError>,
-    live_bytes: u64,
+    held_bytes: u64,
 }
 
 impl<D: DeviceMemory> core::fmt::Debug for EngineStorage<D> {
@@ -76,7 +76,7 @@ impl<D: DeviceMemory> core::fmt::Debug for EngineStorage<D> {
         f.debug_struct("EngineStorage")
             .field("stream", &self.stream)
             .field("blocks", &self.blocks.len())
-            .field("live_bytes", &self.live_bytes)
+            .field("held_bytes", &self.held_bytes)
             .finish()
     }
 }
@@ -84,7 +84,7 @@ impl<D: DeviceMemory> core::fmt::Debug for EngineStorage<D> {
 impl<D: DeviceMemory> EngineStorage<D> {
     /// A storage that allocates engine blocks on `stream`, with offsets aligned to `alignment`
     /// (a power of two, at most the engine's 512-byte block granularity).
-    pub fn new(allocator: Arc<CachingAllocator<D>>, stream: StreamId, alignment: u64) -> Self {
+    pub fn new(allocator: Arc<CachingAllocator<D>>, stream: DeviceStream, alignment: u64) -> Self {
         Self {
             allocator,
             stream,
@@ -93,7 +93,7 @@ impl<D: DeviceMemory> EngineStorage<D> {
             growth: Growth::Allowed,
             refused: false,
             last_error: None,
-            live_bytes: 0,
+            held_bytes: 0,
         }
     }
 
@@ -103,7 +103,7 @@ impl<D: DeviceMemory> EngineStorage<D> {
     }
 
     /// The engine stream this storage allocates on.
-    pub fn stream(&self) -> StreamId {
+    pub fn stream(&self) -> DeviceStream {
         self.stream
     }
 
@@ -130,7 +130,7 @@ impl<D: DeviceMemory> EngineStorage<D> {
 
     /// Bytes CubeCL asked for across the blocks held (before the engine's 512-byte rounding).
     pub fn held_bytes(&self) -> u64 {
-        self.live_bytes
+        self.held_bytes
     }
 }
 
@@ -171,7 +171,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
         match result {
             Ok(Some(block)) => {
                 let id = StorageId::new();
-                self.live_bytes += size;
+                self.held_bytes += size;
                 self.blocks.insert(id, block);
                 Ok(StorageHandle::new(
                     id,
@@ -203,7 +203,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
             log::warn!("EngineStorage: dealloc of unknown {id} on {}", self.stream);
             return;
         };
-        self.live_bytes = self.live_bytes.saturating_sub(block.requested_size());
+        self.held_bytes = self.held_bytes.saturating_sub(block.requested_size());
         if let Err(err) = self.allocator.free(block) {
             log::error!("EngineStorage: engine refused to free a block: {err}");
         }
@@ -226,7 +226,7 @@ impl<D: DeviceMemory> Drop for EngineStorage<D> {
                 last = Some(err);
             }
         }
-        self.live_bytes = 0;
+        self.held_bytes = 0;
         if let Some(err) = last {
             log::error!(
                 "EngineStorage of {}: the engine refused {refused} block(s) at drop (last: {err})",
@@ -279,7 +279,7 @@ pub type PersistentManager<D> = MemoryManagement<EngineStorage<D>>;
 /// persistent mode but is kept for CubeCL's bookkeeping.
 pub fn persistent_manager<D: DeviceMemory>(
     allocator: Arc<CachingAllocator<D>>,
-    stream: StreamId,
+    stream: DeviceStream,
     properties: &MemoryDeviceProperties,
 ) -> PersistentManager<D> {
     let storage = EngineStorage::new(allocator, stream, properties.alignment);

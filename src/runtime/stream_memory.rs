@@ -73,7 +73,7 @@ use cubecl_runtime::server::IoError;
 
 use super::storage::{Growth, PersistentManager, persistent_manager};
 use crate::alloc::{AllocError, CachingAllocator, PoolKind};
-use crate::device::{DeviceMemory, StreamId};
+use crate::device::{DeviceMemory, DeviceStream};
 
 /// Slice-visits of reclaim work each reservation pays for.
 pub(crate) const CREDIT_PER_RESERVE: u64 = 4;
@@ -213,7 +213,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
     /// The memory of engine stream `stream`, with the [`ReclaimPolicy::Amortised`] policy.
     pub fn new(
         allocator: Arc<CachingAllocator<D>>,
-        stream: StreamId,
+        stream: DeviceStream,
         properties: &MemoryDeviceProperties,
     ) -> Self {
         Self {

@@ -164,7 +164,7 @@ impl Driver for WgpuDriver {
         Some(self.max_binding_size)
     }
 
-    fn create_stream(&mut self, _id: crate::device::StreamId) -> WgpuStream {
+    fn create_stream(&mut self, _id: crate::device::DeviceStream) -> WgpuStream {
         WgpuStream
     }
 

@@ -16,7 +16,7 @@
 
 use cubecl_common::future::block_on;
 
-use crate::device::{DeviceError, DeviceMemory, DeviceSegment, MemoryInfo, StreamId};
+use crate::device::{DeviceError, DeviceMemory, DeviceSegment, DeviceStream, MemoryInfo};
 
 /// Usages every segment gets: bound as storage, copied to and from, used for indirect counts.
 pub const SEGMENT_USAGES: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -82,7 +82,7 @@ impl DeviceMemory for WgpuMemory {
     fn allocate(
         &mut self,
         size: u64,
-        _stream: StreamId,
+        _stream: DeviceStream,
     ) -> Result<DeviceSegment<wgpu::Buffer>, DeviceError> {
         if size > self.max_buffer_size {
             return Err(DeviceError::TooLarge {
@@ -126,7 +126,7 @@ impl DeviceMemory for WgpuMemory {
         })
     }
 
-    fn record_event(&mut self, _stream: StreamId) -> Result<(), DeviceError> {
+    fn record_event(&mut self, _stream: DeviceStream) -> Result<(), DeviceError> {
         Ok(())
     }
 

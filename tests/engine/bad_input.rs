@@ -99,7 +99,7 @@ fn a_configured_fraction_that_cannot_be_enforced_is_dropped_with_a_warning() {
     let device = SimDevice::new(1 << 30);
     device.fail_next(SimCall::MemoryInfo);
     let config = AllocatorConfig::parse("per_process_memory_fraction:0.25").unwrap();
-    let alloc = CachingAllocator::new(device.clone(), config);
+    let alloc = CachingAllocator::new(device.clone(), config).unwrap();
     assert_eq!(alloc.config().memory_fraction, None);
     assert!(warned("(0.25) cannot be enforced"), "{:?}", WARNINGS.lock());
     // Without the fraction, 512 MiB fits the 1 GiB device.

@@ -5,11 +5,11 @@ use burn_caching_alloc::alloc::{
     AllocatorConfig, BlockState, CachingAllocator, MemoryStats, PoolKind, Snapshot, Stat, StatArray,
 };
 pub use burn_caching_alloc::alloc::{KIB, MIB};
-pub use burn_caching_alloc::device::StreamId;
+pub use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;
 
-pub const S0: StreamId = StreamId(0);
-pub const S1: StreamId = StreamId(1);
+pub const S0: DeviceStream = DeviceStream(0);
+pub const S1: DeviceStream = DeviceStream(1);
 
 /// An allocator over a simulated device of `capacity` bytes, configured by `config` under
 /// PyTorch's segment rule (`segment_sizing:pytorch`) unless `config` names `segment_sizing`:
@@ -25,7 +25,10 @@ pub fn allocator(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, S
         format!("{config},segment_sizing:pytorch")
     };
     let config = AllocatorConfig::parse(&config).expect("test config parses");
-    (CachingAllocator::new(device.clone(), config), device)
+    (
+        CachingAllocator::new(device.clone(), config).unwrap(),
+        device,
+    )
 }
 
 /// Each segment's blocks as (size, state), segments by address.
@@ -43,7 +46,7 @@ pub const P: BlockState = BlockState::ActivePendingFree;
 pub const F: BlockState = BlockState::Inactive;
 
 /// Statistics as they were when cumulative amounts were last zeroed (allocator creation or
-/// `reset_accumulated_stats`): `allocated - freed` of each statistic is its change since.
+/// `reset_accumulated_memory_stats`): `allocated - freed` of each statistic is its change since.
 #[derive(Clone, Debug, Default)]
 pub struct Baseline {
     pub stats: MemoryStats,
@@ -52,7 +55,7 @@ pub struct Baseline {
 }
 
 impl Baseline {
-    /// The baseline now: call right after `reset_accumulated_stats`.
+    /// The baseline now: call right after `reset_accumulated_memory_stats`.
     pub fn now(alloc: &CachingAllocator<SimDevice>, device: &SimDevice) -> Self {
         let counters = device.counters();
         Self {

@@ -3,17 +3,18 @@
 //! left is read from the simulated device itself, not from the dropped allocator.
 
 use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
-use burn_caching_alloc::device::StreamId;
+use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::metered::Metered;
 use burn_caching_alloc::device::sim::{SimCall, SimDevice};
 
-const S0: StreamId = StreamId(0);
-const S1: StreamId = StreamId(1);
+const S0: DeviceStream = DeviceStream(0);
+const S1: DeviceStream = DeviceStream(1);
 
 #[test]
 fn drop_returns_every_segment_without_a_live_block() {
     let device = SimDevice::new(1 << 34);
-    let alloc = CachingAllocator::new(Metered::new(device.clone()), AllocatorConfig::default());
+    let alloc =
+        CachingAllocator::new(Metered::new(device.clone()), AllocatorConfig::default()).unwrap();
     // Three segments: a small one (2 MiB), a mid-size one (the 5 MiB request rounded to 6 MiB:
     // the default `segment_sizing:grow` on an empty pool), one of its own (64 MiB).
     let small = alloc.malloc(1000, S0).unwrap();
@@ -37,9 +38,9 @@ fn drop_returns_every_segment_without_a_live_block() {
 fn drop_of_an_idle_allocator_returns_everything() {
     let device = Metered::new(SimDevice::new(1 << 34));
     let meter = device.meter();
-    let alloc = CachingAllocator::new(device, AllocatorConfig::default());
+    let alloc = CachingAllocator::new(device, AllocatorConfig::default()).unwrap();
     for size in [512, 3 * MIB, 100 * MIB] {
-        let a = alloc.malloc(size, StreamId(1)).unwrap();
+        let a = alloc.malloc(size, DeviceStream(1)).unwrap();
         alloc.free(a).unwrap();
     }
     drop(alloc);
@@ -53,7 +54,7 @@ fn drop_of_an_idle_allocator_returns_everything() {
 fn a_failed_event_sync_at_drop_keeps_only_the_waiting_blocks_segment() {
     crate::bad_input::capture_warnings();
     let device = SimDevice::new(1 << 34);
-    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
+    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default()).unwrap();
     // A 64 MiB block used on stream 1: its free waits on an event recorded there.
     let shared = alloc.malloc(64 * MIB, S0).unwrap();
     alloc.record_stream(&shared, S1).unwrap();
@@ -88,7 +89,7 @@ fn a_failed_event_sync_at_drop_keeps_only_the_waiting_blocks_segment() {
 #[test]
 fn a_refused_segment_free_at_drop_does_not_keep_the_other_segments() {
     let device = SimDevice::new(1 << 34);
-    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
+    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default()).unwrap();
     for size in [1000, 5 * MIB, 64 * MIB] {
         let a = alloc.malloc(size, S0).unwrap();
         alloc.free(a).unwrap();
@@ -111,11 +112,11 @@ fn a_refused_segment_free_at_drop_does_not_keep_the_other_segments() {
 fn a_failed_event_sync_at_drop_unmaps_the_other_expandable_pages() {
     let device = SimDevice::new(1 << 34);
     let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
-    let alloc = CachingAllocator::new(device.clone(), config);
+    let alloc = CachingAllocator::new(device.clone(), config).unwrap();
     let shared = alloc.malloc(40 * MIB, S0).unwrap();
     alloc.record_stream(&shared, S1).unwrap();
     alloc.free(shared).unwrap();
-    let other = alloc.malloc(40 * MIB, StreamId(2)).unwrap();
+    let other = alloc.malloc(40 * MIB, DeviceStream(2)).unwrap();
     alloc.free(other).unwrap();
     assert_eq!(device.bytes_in_use(), 80 * MIB);
     device.fail_next(SimCall::SynchronizeEvent);

@@ -59,7 +59,7 @@ fn a_size_beyond_the_device_counts_as_an_oom() {
 fn a_device_buffer_limit_caps_segments_and_rejects_larger_requests() {
     let device = SimDevice::new(1024 * MIB).with_max_segment_size(16 * MIB);
     let config = AllocatorConfig::parse("segment_sizing:pytorch").unwrap();
-    let alloc = CachingAllocator::new(device.clone(), config);
+    let alloc = CachingAllocator::new(device.clone(), config).unwrap();
     // 5 MiB would take a 20 MiB segment: the segment shrinks to the request.
     let a = alloc.malloc(5 * MIB, S0).unwrap();
     assert_eq!(device.live_segments()[0].1, 5 * MIB);
@@ -213,7 +213,7 @@ fn a_failing_second_event_record_leaves_the_block_waiting_for_both() {
     let a = alloc.malloc(4096, S0).unwrap();
     let address = a.address();
     alloc.record_stream(&a, S1).unwrap();
-    alloc.record_stream(&a, StreamId(2)).unwrap();
+    alloc.record_stream(&a, DeviceStream(2)).unwrap();
     device.fail_nth(SimCall::RecordEvent, 2); // stream 2's event, at the free
     device.fail_nth(SimCall::RecordEvent, 3); // and again at the next request
     assert_injected(alloc.free(a).unwrap_err(), SimCall::RecordEvent);
@@ -249,7 +249,7 @@ fn a_failing_second_event_record_leaves_the_block_waiting_for_both() {
     alloc.free(b).unwrap();
     alloc.free(c).unwrap();
     assert_eq!(layout(&alloc)[0][0], (4096, P));
-    device.complete_events(StreamId(2));
+    device.complete_events(DeviceStream(2));
     let d = alloc.malloc(4096, S0).unwrap();
     assert_eq!(d.address(), address, "freed once both events completed");
     assert_eq!(alloc.stats().active_bytes.all.current, 4096);
@@ -399,7 +399,7 @@ fn replay(trace: &Trace, alloc: &CachingAllocator<SimDevice>) -> (u64, u64, u64)
         match *event {
             TraceEvent::Malloc {
                 id, size, stream, ..
-            } => match alloc.malloc(size, StreamId(stream)) {
+            } => match alloc.malloc(size, DeviceStream(stream)) {
                 Ok(allocation) => {
                     mallocs += 1;
                     live.insert(id, allocation);
@@ -415,7 +415,9 @@ fn replay(trace: &Trace, alloc: &CachingAllocator<SimDevice>) -> (u64, u64, u64)
             }
             TraceEvent::RecordStream { id, stream } => {
                 if let Some(allocation) = live.get(&id) {
-                    alloc.record_stream(allocation, StreamId(stream)).unwrap();
+                    alloc
+                        .record_stream(allocation, DeviceStream(stream))
+                        .unwrap();
                 }
             }
             TraceEvent::EmptyCache => {

@@ -4,11 +4,11 @@
 use burn_caching_alloc::alloc::{
     AllocatorConfig, CachingAllocator, HistoryOptions, MIB, MemoryPoint, MemoryReport, Verdict,
 };
-use burn_caching_alloc::device::{StreamId, sim::SimDevice};
+use burn_caching_alloc::device::{DeviceStream, sim::SimDevice};
 
 fn allocator(config: &str) -> CachingAllocator<SimDevice> {
     let config = AllocatorConfig::parse(config).expect("valid config");
-    CachingAllocator::new(SimDevice::new(64 << 30), config)
+    CachingAllocator::new(SimDevice::new(64 << 30), config).unwrap()
 }
 
 fn point(alloc: &CachingAllocator<SimDevice>) -> MemoryPoint {
@@ -21,9 +21,13 @@ fn keeps_activations(
     kept: &mut Vec<burn_caching_alloc::alloc::Allocation<u64>>,
 ) {
     for _ in 0..3 {
-        kept.push(alloc.malloc(3 * MIB, StreamId::default()).expect("fits"));
+        kept.push(
+            alloc
+                .malloc(3 * MIB, DeviceStream::default())
+                .expect("fits"),
+        );
     }
-    kept.push(alloc.malloc(1000, StreamId::default()).expect("fits"));
+    kept.push(alloc.malloc(1000, DeviceStream::default()).expect("fits"));
 }
 
 #[test]
@@ -32,7 +36,7 @@ fn growing_live_bytes_is_reported_as_held_tensors_with_sizes_and_stacks() {
     // default its 6 MiB segment would be one 6 MiB block).
     let alloc = allocator("segment_sizing:pytorch");
     alloc.record_memory_history(HistoryOptions::default());
-    let stream = StreamId::default();
+    let stream = DeviceStream::default();
     let steady = alloc.malloc(5 * MIB, stream).expect("fits");
     let before = point(&alloc);
     let mut kept = Vec::new();
@@ -70,7 +74,7 @@ fn growing_live_bytes_is_reported_as_held_tensors_with_sizes_and_stacks() {
 #[test]
 fn reserved_growing_while_live_bytes_are_flat_is_the_cache() {
     let alloc = allocator("");
-    let stream = StreamId::default();
+    let stream = DeviceStream::default();
     let before = point(&alloc);
     // A step that allocates and frees: live bytes come back to 0, the segments stay cached.
     let a = alloc.malloc(30 * MIB, stream).expect("fits");
@@ -109,7 +113,9 @@ fn reserved_growing_while_live_bytes_are_flat_is_the_cache() {
 fn cubecl_1614_one_589_mib_tensor_reserves_the_request_rounded_to_2_mib() {
     let alloc = allocator("");
     let requested: u64 = 6 * 512 * 50257 * 4;
-    let tensor = alloc.malloc(requested, StreamId::default()).expect("fits");
+    let tensor = alloc
+        .malloc(requested, DeviceStream::default())
+        .expect("fits");
     let report = MemoryReport::at(&point(&alloc));
     assert_eq!(report.reserved.1, 590 * MIB);
     assert_eq!(report.reserved.1, requested.div_ceil(2 * MIB) * 2 * MIB);
@@ -124,7 +130,7 @@ fn a_request_reserving_much_more_than_it_asked_names_the_rule() {
     // kLargeBuffer for large requests under 10 MiB); with 2 power-of-two divisions a 600 MiB
     // request becomes 768 MiB.
     let alloc = allocator("roundup_power2_divisions:2,segment_sizing:pytorch");
-    let stream = StreamId::default();
+    let stream = DeviceStream::default();
     let mid = alloc.malloc(3 * MIB / 2, stream).expect("fits");
     let big = alloc.malloc(600 * MIB, stream).expect("fits");
     let report = MemoryReport::at(&point(&alloc));

@@ -55,7 +55,7 @@ fn a_panic_inside_free_poisons_the_allocator() {
 #[test]
 fn a_panic_inside_malloc_poisons_the_allocator_and_the_drop_frees_nothing() {
     let device = SimDevice::new(1 << 30);
-    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default());
+    let alloc = CachingAllocator::new(device.clone(), AllocatorConfig::default()).unwrap();
     let first = alloc.malloc(1000, S0).unwrap();
     device.panic_next(SimCall::Allocate);
     assert!(quiet_panic(|| alloc.malloc(64 * MIB, S0)).is_err());

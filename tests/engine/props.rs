@@ -540,7 +540,7 @@ fn check_malloc(
     let a = allocation?;
     assert_eq!(
         a.stream(),
-        StreamId(stream),
+        DeviceStream(stream),
         "allocated on the requested stream"
     );
     assert_eq!(a.requested_size(), size);
@@ -662,7 +662,7 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
         device = device.with_max_segment_size(max);
     }
     let config = AllocatorConfig::parse(config_text).expect("test config parses");
-    let alloc = CachingAllocator::new(device.clone(), config.clone());
+    let alloc = CachingAllocator::new(device.clone(), config.clone()).unwrap();
     let mut model = Model::new(&config, max_segment);
 
     for (step, op) in ops.into_iter().enumerate() {
@@ -675,9 +675,9 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
                 let cached_only = matches!(op, Op::MallocCached { .. });
                 let expect = predict(&model, &before, size, stream);
                 let result = if cached_only {
-                    alloc.malloc_cached(size, StreamId(stream))
+                    alloc.malloc_cached(size, DeviceStream(stream))
                 } else {
-                    alloc.malloc(size, StreamId(stream)).map(Some)
+                    alloc.malloc(size, DeviceStream(stream)).map(Some)
                 };
                 processed = result.is_ok();
                 let after = alloc.snapshot();
@@ -780,8 +780,8 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
             Op::RecordStream { index, stream } if !model.live.is_empty() => {
                 let i = index % model.live.len();
                 let (a, uses) = &mut model.live[i];
-                alloc.record_stream(a, StreamId(stream)).unwrap();
-                if a.stream() != StreamId(stream) {
+                alloc.record_stream(a, DeviceStream(stream)).unwrap();
+                if a.stream() != DeviceStream(stream) {
                     uses.insert(stream);
                 }
             }
@@ -851,7 +851,7 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
                 }
             }
             Op::CompleteEvents { stream } => {
-                device.complete_events(StreamId(stream));
+                device.complete_events(DeviceStream(stream));
                 for waits in model.pending.values_mut() {
                     waits.remove(&stream);
                 }
@@ -867,18 +867,18 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
                 assert_eq!(alloc.config().memory_fraction, Some(f));
             }
             Op::ResetPeakStats => {
-                alloc.reset_peak_stats();
+                alloc.reset_peak_memory_stats();
                 let stats = alloc.stats();
                 for (name, current, peak) in Model::stats_with_exact_peaks(&stats) {
                     assert_eq!(
                         peak, current,
-                        "{name}: reset_peak_stats sets peak to current"
+                        "{name}: reset_peak_memory_stats sets peak to current"
                     );
                 }
                 model.seen_peaks.clear();
             }
             Op::ResetAccumulatedStats => {
-                alloc.reset_accumulated_stats();
+                alloc.reset_accumulated_memory_stats();
                 let stats = alloc.stats();
                 assert_eq!(
                     (

@@ -70,7 +70,7 @@ proptest! {
         let mut live: Vec<Allocation<u64>> = Vec::new();
         for op in ops {
             match op {
-                Op::Malloc { size, stream } => match alloc.malloc(size, StreamId(stream)) {
+                Op::Malloc { size, stream } => match alloc.malloc(size, DeviceStream(stream)) {
                     Ok(a) => {
                         prop_assert!(a.size() >= size);
                         prop_assert_eq!(a.address() % 512, 0);
@@ -83,7 +83,7 @@ proptest! {
                     alloc.free(a).unwrap();
                 }
                 Op::RecordStream { index, stream } if !live.is_empty() => {
-                    alloc.record_stream(&live[index % live.len()], StreamId(stream)).unwrap();
+                    alloc.record_stream(&live[index % live.len()], DeviceStream(stream)).unwrap();
                 }
                 Op::EmptyCache => {
                     alloc.empty_cache().unwrap();
@@ -93,7 +93,7 @@ proptest! {
                         "empty_cache left a segment with no active block"
                     );
                 }
-                Op::CompleteEvents { stream } => device.complete_events(StreamId(stream)),
+                Op::CompleteEvents { stream } => device.complete_events(DeviceStream(stream)),
                 Op::FailNextDeviceAlloc => device.fail_nth_allocation(1),
                 _ => {}
             }

@@ -71,7 +71,7 @@ fn statistics_follow_a_scripted_scenario_step_by_step() {
     check_invariants(&alloc, &device);
 
     // 4. Reset peaks: every peak drops to its current value.
-    alloc.reset_peak_stats();
+    alloc.reset_peak_memory_stats();
     let s = alloc.stats();
     assert_eq!(s.max_memory_allocated(), 1024);
     assert_eq!(s.max_memory_reserved(), 22 * MIB);
@@ -89,7 +89,7 @@ fn statistics_follow_a_scripted_scenario_step_by_step() {
 
     // 6. Free the last block; reset the accumulated counters.
     alloc.free(a).unwrap();
-    alloc.reset_accumulated_stats();
+    alloc.reset_accumulated_memory_stats();
     let s = alloc.stats();
     assert_eq!(s.allocation.all, stat(0, 1, 0, 0));
     assert_eq!(s.allocated_bytes.all, stat(0, 1024, 0, 0));

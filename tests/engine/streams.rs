@@ -69,7 +69,7 @@ fn a_pending_block_merges_only_once_its_events_complete() {
     let a = alloc.malloc(4096, S0).unwrap();
     let b = alloc.malloc(4096, S0).unwrap();
     alloc.record_stream(&a, S1).unwrap();
-    alloc.record_stream(&a, StreamId(2)).unwrap();
+    alloc.record_stream(&a, DeviceStream(2)).unwrap();
     alloc.free(a).unwrap();
     alloc.free(b).unwrap();
     // b merged with the tail but not with the pending a.
@@ -81,7 +81,7 @@ fn a_pending_block_merges_only_once_its_events_complete() {
         vec![(4096, P), (2 * MIB - 4096, F)],
         "still waiting on stream 2"
     );
-    device.complete_events(StreamId(2));
+    device.complete_events(DeviceStream(2));
     let _ = alloc.malloc(512, S1).unwrap();
     assert_eq!(layout(&alloc)[0], vec![(2 * MIB, F)]);
     check_invariants(&alloc, &device);

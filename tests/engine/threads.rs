@@ -30,7 +30,7 @@ fn eight_threads_share_one_allocator_without_losing_a_byte() {
                         } else {
                             rng.random_range(MIB..=16 * MIB)
                         };
-                        let a = alloc.malloc(size, StreamId(t % 2)).unwrap();
+                        let a = alloc.malloc(size, DeviceStream(t % 2)).unwrap();
                         assert!(a.size() >= size);
                         let mut map = handed_out.lock().unwrap();
                         let end = a.address() + a.size();

@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 
 use burn_caching_alloc::alloc::{HistoryOptions, StackResolver, TraceAction};
-use burn_caching_alloc::backend::{self, CachingWgpuRuntime};
+use burn_caching_alloc::backend;
+use burn_caching_alloc::wgpu::CachingWgpuRuntime;
 use cubecl_common::bytes::Bytes;
 use cubecl_ir::{ElemType, UIntKind};
 use cubecl_runtime::client::ComputeClient;

@@ -7,7 +7,7 @@
 
 use burn_caching_alloc::alloc::MIB;
 use burn_caching_alloc::cuda::{CudaMemory, cuda_available};
-use burn_caching_alloc::device::{DeviceError, DeviceMemory, StreamId};
+use burn_caching_alloc::device::{DeviceError, DeviceMemory, DeviceStream};
 use cudarc::driver::result;
 
 fn device() -> Option<CudaMemory> {
@@ -37,7 +37,9 @@ fn mapping_more_than_the_device_holds_is_out_of_memory_and_maps_nothing() {
     let page = (1024 * MIB).next_multiple_of(granularity);
     let total = memory.total_memory();
     let size = (total + page).next_multiple_of(page);
-    let range = memory.reserve_range(size, StreamId(0)).expect("reserve");
+    let range = memory
+        .reserve_range(size, DeviceStream(0))
+        .expect("reserve");
     let free_before = memory.memory_info().expect("cuMemGetInfo").free;
     match memory.map_range(&range, 0, size, page) {
         Err(DeviceError::OutOfMemory { .. }) => {}
@@ -60,7 +62,7 @@ fn one_map_of_several_pages_is_readable_and_writable_across_them() {
     let Some(mut memory) = device() else { return };
     let page = memory.virtual_memory_granularity().unwrap();
     let range = memory
-        .reserve_range(8 * page, StreamId(0))
+        .reserve_range(8 * page, DeviceStream(0))
         .expect("reserve");
     memory.map_range(&range, page, 3 * page, page).expect("map");
     let data: Vec<u8> = (0..3 * page).map(|i| (i % 253) as u8).collect();

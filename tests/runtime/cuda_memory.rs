@@ -6,7 +6,7 @@
 
 use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
 use burn_caching_alloc::cuda::{CudaMemory, cuda_available};
-use burn_caching_alloc::device::{DeviceError, DeviceMemory, StreamId};
+use burn_caching_alloc::device::{DeviceError, DeviceMemory, DeviceStream};
 use cudarc::driver::result;
 
 fn device() -> Option<CudaMemory> {
@@ -22,7 +22,7 @@ fn device() -> Option<CudaMemory> {
 fn a_segment_holds_data_and_goes_back_to_the_driver() {
     let Some(mut memory) = device() else { return };
     let segment = memory
-        .allocate(4 * MIB, StreamId(0))
+        .allocate(4 * MIB, DeviceStream(0))
         .expect("4 MiB on an idle GPU");
     assert_eq!(segment.size, 4 * MIB);
     assert_eq!(segment.address, segment.handle);
@@ -46,7 +46,7 @@ fn more_than_the_device_holds_is_out_of_memory_not_a_panic() {
     let total = memory.memory_info().expect("cuMemGetInfo").total;
     assert_eq!(total, memory.total_memory());
     let requested = total * 2;
-    match memory.allocate(requested, StreamId(0)) {
+    match memory.allocate(requested, DeviceStream(0)) {
         Err(err) => assert_eq!(err, DeviceError::OutOfMemory { requested }),
         Ok(segment) => panic!("allocated {requested} bytes on a {total}-byte device: {segment:?}"),
     }
@@ -58,7 +58,7 @@ fn events_come_from_the_pool_and_complete() {
     let Some(mut memory) = device() else { return };
     let created = memory.events_created();
     for _ in 0..200 {
-        let event = memory.record_event(StreamId(7)).expect("record");
+        let event = memory.record_event(DeviceStream(7)).expect("record");
         memory.synchronize_event(&event).expect("synchronize");
         assert!(
             memory.query_event(&event).expect("query"),
@@ -71,7 +71,11 @@ fn events_come_from_the_pool_and_complete() {
         created,
         "recording reuses pooled events"
     );
-    assert_eq!(memory.streams_created(), 1, "one stream for StreamId(7)");
+    assert_eq!(
+        memory.streams_created(),
+        1,
+        "one stream for DeviceStream(7)"
+    );
 }
 
 #[test]
@@ -80,7 +84,7 @@ fn the_context_follows_the_memory_to_another_thread() {
     let Some(memory) = device() else { return };
     let handle = std::thread::spawn(move || {
         let mut memory = memory;
-        let segment = memory.allocate(MIB, StreamId(0))?;
+        let segment = memory.allocate(MIB, DeviceStream(0))?;
         memory.free(segment)
     });
     handle
@@ -93,10 +97,10 @@ fn the_context_follows_the_memory_to_another_thread() {
 #[ignore = "needs a CUDA device"]
 fn empty_cache_returns_segments_to_the_driver() {
     let Some(memory) = device() else { return };
-    let allocator = CachingAllocator::new(memory, AllocatorConfig::default());
+    let allocator = CachingAllocator::new(memory, AllocatorConfig::default()).unwrap();
     let free_before = allocator.device_memory_info().expect("info").free;
     let blocks: Vec<_> = (0..8)
-        .map(|_| allocator.malloc(8 * MIB, StreamId(0)).expect("8 MiB"))
+        .map(|_| allocator.malloc(8 * MIB, DeviceStream(0)).expect("8 MiB"))
         .collect();
     let stats = allocator.stats();
     assert!(stats.memory_reserved() >= 64 * MIB);
@@ -129,9 +133,9 @@ fn expandable_segments_map_pages_that_hold_data_and_give_them_back() {
         return;
     }
     let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
-    let alloc = CachingAllocator::new(memory, config);
-    let a = alloc.malloc(30 * MIB, StreamId(0)).expect("30 MiB");
-    let b = alloc.malloc(25 * MIB, StreamId(0)).expect("25 MiB");
+    let alloc = CachingAllocator::new(memory, config).unwrap();
+    let a = alloc.malloc(30 * MIB, DeviceStream(0)).expect("30 MiB");
+    let b = alloc.malloc(25 * MIB, DeviceStream(0)).expect("25 MiB");
     assert_eq!(
         b.address(),
         a.address() + 30 * MIB,

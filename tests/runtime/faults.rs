@@ -6,7 +6,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn_caching_alloc::alloc::MIB;
-use burn_caching_alloc::device::StreamId;
+use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimCall;
 use burn_caching_alloc::runtime::{EngineStorage, StreamMemory};
 use cubecl_runtime::server::IoError;
@@ -14,7 +14,7 @@ use cubecl_runtime::storage::ComputeStorage;
 
 use crate::storage::{engine, props};
 
-const STREAM: StreamId = StreamId(3);
+const STREAM: DeviceStream = DeviceStream(3);
 
 /// `EngineStorage` had no `Drop`: its blocks stayed allocated in the engine for good.
 #[test]

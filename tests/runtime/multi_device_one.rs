@@ -73,7 +73,7 @@ fn device_id<R: Runtime>(device: &R::Device) -> cubecl_common::device::DeviceId 
 #[cfg(feature = "wgpu")]
 mod wgpu {
     use burn_caching_alloc::backend;
-    use burn_caching_alloc::backend::CachingWgpuRuntime;
+    use burn_caching_alloc::wgpu::CachingWgpuRuntime;
 
     use crate::support::lavapipe::cpu_device;
 
@@ -102,7 +102,7 @@ mod wgpu {
 mod cuda {
     use burn::backend::cuda::CudaDevice;
     use burn_caching_alloc::backend;
-    use burn_caching_alloc::backend::CachingCudaRuntime;
+    use burn_caching_alloc::cuda::CachingCudaRuntime;
 
     use crate::burn_mlp_cuda::cuda_turn;
 

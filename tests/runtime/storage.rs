@@ -6,7 +6,7 @@ use std::sync::Arc;
 use burn_caching_alloc::alloc::{
     AllocError, AllocatorConfig, CachingAllocator, HistoryOptions, MIB, TraceEvent,
 };
-use burn_caching_alloc::device::StreamId;
+use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;
 use burn_caching_alloc::runtime::{
     EngineStorage, Growth, ReclaimCounters, ReclaimPolicy, StreamMemory, persistent_manager,
@@ -14,7 +14,7 @@ use burn_caching_alloc::runtime::{
 use cubecl_ir::MemoryDeviceProperties;
 use cubecl_runtime::storage::ComputeStorage;
 
-const STREAM: StreamId = StreamId(7);
+const STREAM: DeviceStream = DeviceStream(7);
 
 /// Slice visits a reservation adds to the reclaim budget: the library's (private)
 /// `CREDIT_PER_RESERVE`.
@@ -25,10 +25,8 @@ const NEW_SIZE_CREDIT: u64 = 32;
 
 pub(crate) fn engine(capacity: u64) -> (SimDevice, Arc<CachingAllocator<SimDevice>>) {
     let device = SimDevice::new(capacity);
-    let allocator = Arc::new(CachingAllocator::new(
-        device.clone(),
-        AllocatorConfig::default(),
-    ));
+    let allocator =
+        Arc::new(CachingAllocator::new(device.clone(), AllocatorConfig::default()).unwrap());
     (device, allocator)
 }
 
@@ -327,7 +325,7 @@ fn recorded_inputs(allocator: &CachingAllocator<SimDevice>) -> Vec<(&'static str
 fn recording_engine() -> Arc<CachingAllocator<SimDevice>> {
     let mut config = AllocatorConfig::default();
     config.history = HistoryOptions::trace(1 << 20);
-    Arc::new(CachingAllocator::new(SimDevice::new(64 * MIB), config))
+    Arc::new(CachingAllocator::new(SimDevice::new(64 * MIB), config).unwrap())
 }
 
 #[test]

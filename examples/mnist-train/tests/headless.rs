@@ -51,7 +51,7 @@ fn movement(stats: &CachingMemoryStats) -> [u64; 9] {
         e.reserved_bytes.all.freed,
         e.allocation.all.allocated,
         stats.cubecl.live_slices,
-        stats.cubecl.live_bytes,
+        stats.cubecl.tensor_bytes,
     ]
 }
 

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use burn_caching_alloc::device::sim::SimDevice;
-use burn_caching_alloc::device::{DeviceError, DeviceMemory, StreamId};
+use burn_caching_alloc::device::{DeviceError, DeviceMemory, DeviceStream};
 use cubecl_runtime::logging::ServerLogger;
 use cubecl_runtime::memory_management::{
     ManagedMemoryHandle, MemoryAllocationMode, MemoryConfiguration, MemoryManagement,
@@ -32,7 +32,7 @@ pub struct CubeclAllocator<D: DeviceMemory> {
     capacity: u64,
     config: MemoryConfiguration,
     logger: Arc<ServerLogger>,
-    managers: Vec<(StreamId, MemoryManagement<DeviceStorage<D>>)>,
+    managers: Vec<(DeviceStream, MemoryManagement<DeviceStorage<D>>)>,
     cursor: u64,
 }
 
@@ -64,7 +64,7 @@ impl<D: DeviceMemory> CubeclAllocator<D> {
         }
     }
 
-    fn manager(&mut self, stream: StreamId) -> &mut MemoryManagement<DeviceStorage<D>> {
+    fn manager(&mut self, stream: DeviceStream) -> &mut MemoryManagement<DeviceStorage<D>> {
         let index = match self.managers.iter().position(|(s, _)| *s == stream) {
             Some(index) => index,
             None => {
@@ -92,7 +92,7 @@ impl<D: DeviceMemory> CubeclAllocator<D> {
 impl<D: DeviceMemory> ReplayAllocator for CubeclAllocator<D> {
     type Handle = ManagedMemoryHandle;
 
-    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Self::Handle, ReplayError> {
+    fn malloc(&mut self, size: u64, stream: DeviceStream) -> Result<Self::Handle, ReplayError> {
         self.cursor += 1;
         let cursor = self.cursor;
         let manager = self.manager(stream);
@@ -115,7 +115,7 @@ impl<D: DeviceMemory> ReplayAllocator for CubeclAllocator<D> {
         Ok(())
     }
 
-    fn record_stream(&mut self, _: &Self::Handle, _: StreamId) -> Result<(), ReplayError> {
+    fn record_stream(&mut self, _: &Self::Handle, _: DeviceStream) -> Result<(), ReplayError> {
         Ok(())
     }
 

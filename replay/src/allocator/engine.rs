@@ -1,7 +1,7 @@
 //! `caching`: the engine alone, with its default configuration (or the one given).
 
 use burn_caching_alloc::alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator};
-use burn_caching_alloc::device::{DeviceMemory, StreamId};
+use burn_caching_alloc::device::{DeviceMemory, DeviceStream};
 
 use super::{ReplayAllocator, ReplayError};
 
@@ -20,7 +20,9 @@ impl<D: DeviceMemory> EngineAllocator<D> {
 
     pub fn with_config(device: D, config: AllocatorConfig) -> Self {
         Self {
-            engine: CachingAllocator::new(device, config),
+            engine: CachingAllocator::new(device, config).unwrap_or_else(|err| {
+                panic!("replay: the engine refuses the configuration: {err}")
+            }),
         }
     }
 
@@ -51,7 +53,7 @@ fn replay_error(err: AllocError) -> ReplayError {
 impl<D: DeviceMemory> ReplayAllocator for EngineAllocator<D> {
     type Handle = Allocation<D::Handle>;
 
-    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Self::Handle, ReplayError> {
+    fn malloc(&mut self, size: u64, stream: DeviceStream) -> Result<Self::Handle, ReplayError> {
         self.engine.malloc(size, stream).map_err(replay_error)
     }
 
@@ -62,7 +64,7 @@ impl<D: DeviceMemory> ReplayAllocator for EngineAllocator<D> {
     fn record_stream(
         &mut self,
         handle: &Self::Handle,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<(), ReplayError> {
         self.engine
             .record_stream(handle, stream)

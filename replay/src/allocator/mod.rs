@@ -27,7 +27,7 @@ pub use cubecl::CubeclAllocator;
 pub use engine::EngineAllocator;
 pub use stack::{CachingStackAllocator, caching_stack_memory};
 
-use burn_caching_alloc::device::StreamId;
+use burn_caching_alloc::device::DeviceStream;
 use cubecl_ir::MemoryDeviceProperties;
 use cubecl_runtime::memory_management::{ManagedMemoryHandle, MemoryManagement};
 use cubecl_runtime::storage::ComputeStorage;
@@ -51,10 +51,13 @@ pub enum ReplayError {
 pub trait ReplayAllocator {
     /// What a live allocation is held by (dropping it may be the free).
     type Handle;
-    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Self::Handle, ReplayError>;
+    fn malloc(&mut self, size: u64, stream: DeviceStream) -> Result<Self::Handle, ReplayError>;
     fn free(&mut self, handle: Self::Handle) -> Result<(), ReplayError>;
-    fn record_stream(&mut self, handle: &Self::Handle, stream: StreamId)
-    -> Result<(), ReplayError>;
+    fn record_stream(
+        &mut self,
+        handle: &Self::Handle,
+        stream: DeviceStream,
+    ) -> Result<(), ReplayError>;
     fn empty_cache(&mut self) -> Result<(), ReplayError>;
     /// Bytes of live requests as the allocator itself counts them (may walk its state).
     fn live_bytes(&self) -> u64;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use burn_caching_alloc::alloc::{AllocError, AllocatorConfig, CachingAllocator};
 use burn_caching_alloc::device::sim::SimDevice;
-use burn_caching_alloc::device::{DeviceMemory, StreamId};
+use burn_caching_alloc::device::{DeviceMemory, DeviceStream};
 use burn_caching_alloc::runtime::StreamMemory;
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
 
@@ -24,7 +24,7 @@ use super::{ReplayAllocator, ReplayError, bind_client, cuda_memory_properties};
 /// of `capacity` bytes.
 pub fn caching_stack_memory<D: DeviceMemory>(
     engine: Arc<CachingAllocator<D>>,
-    stream: StreamId,
+    stream: DeviceStream,
     capacity: u64,
 ) -> StreamMemory<D> {
     StreamMemory::new(engine, stream, &cuda_memory_properties(capacity))
@@ -34,7 +34,7 @@ pub fn caching_stack_memory<D: DeviceMemory>(
 pub struct CachingStackAllocator<D: DeviceMemory> {
     engine: Arc<CachingAllocator<D>>,
     capacity: u64,
-    streams: Vec<(StreamId, StreamMemory<D>)>,
+    streams: Vec<(DeviceStream, StreamMemory<D>)>,
     cursor: u64,
 }
 
@@ -56,7 +56,9 @@ impl<D: DeviceMemory> CachingStackAllocator<D> {
     /// `capacity` bytes (what CubeCL's memory properties derive from).
     pub fn with_capacity(device: D, capacity: u64, config: AllocatorConfig) -> Self {
         Self {
-            engine: Arc::new(CachingAllocator::new(device, config)),
+            engine: Arc::new(CachingAllocator::new(device, config).unwrap_or_else(|err| {
+                panic!("replay: the engine refuses the configuration: {err}")
+            })),
             capacity,
             streams: Vec::new(),
             cursor: 0,
@@ -67,7 +69,7 @@ impl<D: DeviceMemory> CachingStackAllocator<D> {
         &self.engine
     }
 
-    fn stream(&mut self, stream: StreamId) -> &mut StreamMemory<D> {
+    fn stream(&mut self, stream: DeviceStream) -> &mut StreamMemory<D> {
         let index = match self.streams.iter().position(|(s, _)| *s == stream) {
             Some(index) => index,
             None => {
@@ -98,7 +100,7 @@ impl<D: DeviceMemory> Drop for CachingStackAllocator<D> {
 impl<D: DeviceMemory> ReplayAllocator for CachingStackAllocator<D> {
     type Handle = ManagedMemoryHandle;
 
-    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Self::Handle, ReplayError> {
+    fn malloc(&mut self, size: u64, stream: DeviceStream) -> Result<Self::Handle, ReplayError> {
         self.cursor += 1;
         let cursor = self.cursor;
         let memory = self.stream(stream);
@@ -114,7 +116,7 @@ impl<D: DeviceMemory> ReplayAllocator for CachingStackAllocator<D> {
         Ok(())
     }
 
-    fn record_stream(&mut self, _: &Self::Handle, _: StreamId) -> Result<(), ReplayError> {
+    fn record_stream(&mut self, _: &Self::Handle, _: DeviceStream) -> Result<(), ReplayError> {
         Ok(())
     }
 

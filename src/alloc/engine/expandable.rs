@@ -18,7 +18,7 @@ use crate::alloc::block::{Backing, BlockId, BlockState, End, NewSegment};
 use crate::alloc::error::AllocError;
 use crate::alloc::history::TraceEvent;
 use crate::alloc::size::{LARGE_BUFFER, PoolKind, SMALL_BUFFER};
-use crate::device::{DeviceError, DeviceMemory, DeviceSegment, StreamId};
+use crate::device::{DeviceError, DeviceMemory, DeviceSegment, DeviceStream};
 
 impl<D: DeviceMemory> Engine<D> {
     /// Whether new memory comes from expandable segments: configured, and the device has
@@ -67,7 +67,7 @@ impl<D: DeviceMemory> Engine<D> {
     fn find_expandable_block(
         &mut self,
         pool: PoolKind,
-        stream: StreamId,
+        stream: DeviceStream,
         size: u64,
     ) -> Result<BlockId, AllocError> {
         let keys = (pool, stream.0, 0)..=(pool, stream.0, u64::MAX);
@@ -161,7 +161,7 @@ impl<D: DeviceMemory> Engine<D> {
     pub fn allocate_expandable(
         &mut self,
         pool: PoolKind,
-        stream: StreamId,
+        stream: DeviceStream,
         rounded: u64,
     ) -> Result<Option<BlockId>, AllocError> {
         let mut candidate = self.find_expandable_block(pool, stream, rounded)?;

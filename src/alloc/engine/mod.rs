@@ -1,8 +1,11 @@
 //! The engine's state and its two entry points, malloc and free.
 //!
 //! Its parts are child modules, each adding methods to [`Engine`]: placement (best fit,
-//! split, merge) in `placement`, the release steps of the miss path and `empty_cache` in
-//! `release`, cross-stream frees in `events`, and the snapshot in `snapshot`. The public, thread-safe face is `CachingAllocator` in `allocator.rs`.
+//! split, merge) in `placement`, expandable segments (pages mapped into a reserved range) in
+//! `expandable`, the release steps of the miss path and `empty_cache` in `release`,
+//! cross-stream frees in `events`, the snapshot in `snapshot`, and the consistency check of
+//! blocks, pools and statistics in `self_check`. The public, thread-safe face is
+//! `CachingAllocator` in `allocator.rs`.
 //!
 //! A request walks this path, PyTorch's, in order:
 //! 1. complete pending frees whose stream events have finished;
@@ -42,7 +45,7 @@ use events::PendingFree;
 /// stream); larger free blocks live in an ordered map.
 const LARGE_CLASS_LIMIT: u64 = 32 * MIB;
 use crate::alloc::stats::MemoryStats;
-use crate::device::{DeviceMemory, StreamId};
+use crate::device::{DeviceMemory, DeviceStream};
 
 pub(crate) struct Engine<D: DeviceMemory> {
     device: D,
@@ -79,25 +82,48 @@ pub(super) struct BlockInfo<H> {
     pub(super) offset: u64,
     pub(super) size: u64,
     pub(super) requested: u64,
-    pub(super) stream: StreamId,
+    pub(super) stream: DeviceStream,
     pub(super) segment: H,
 }
 
 /// Whether a miss may allocate new device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Growth {
+pub(crate) enum MissPath {
     /// The whole miss path, to an out-of-memory error.
     Allowed,
     /// A cached block only; a miss is `Ok(None)`.
     CacheOnly,
     /// The miss path up to step 5; where step 6 (the cache flush) would be next, `Ok(None)`,
     /// with nothing counted: a caller with caches of its own above the engine gives them back
-    /// first and then asks again with [`Growth::Allowed`].
+    /// first and then asks again with [`MissPath::Allowed`].
     BeforeFlush,
 }
 
+/// Refuses a configuration that asks `device` for a capability it lacks, rather than serving
+/// it some other way: `expandable_segments` maps pages into a reserved address range, which a
+/// device without virtual memory ([`DeviceMemory::virtual_memory_granularity`] `None`, e.g.
+/// wgpu) cannot do. The one check for it: the server opening a device reaches it through
+/// [`CachingAllocator::new`](crate::alloc::CachingAllocator::new) too.
+fn unsupported_by<D: DeviceMemory>(
+    config: &AllocatorConfig,
+    device: &D,
+) -> Result<(), ConfigError> {
+    if config.expandable_segments && device.virtual_memory_granularity().is_none() {
+        return Err(ConfigError::Unsupported {
+            key: "expandable_segments".into(),
+            reason: "this device has no virtual memory (it cannot map pages into a reserved \
+                     address range, e.g. wgpu); use a device that has (CUDA) or leave it off"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 impl<D: DeviceMemory> Engine<D> {
-    pub fn new(device: D, config: AllocatorConfig) -> Self {
+    /// An engine over `device`; [`ConfigError::Unsupported`] for a configuration the device
+    /// cannot serve (see [`unsupported_by`]).
+    pub fn new(device: D, config: AllocatorConfig) -> Result<Self, ConfigError> {
+        unsupported_by(&config, &device)?;
         // Nothing is live yet: the recorder starts from an empty device.
         let history = Recorder::start(config.history, []);
         let stats = MemoryStats {
@@ -107,15 +133,8 @@ impl<D: DeviceMemory> Engine<D> {
             ..MemoryStats::default()
         };
         let fraction = config.memory_fraction;
-        let vm_granularity = device.virtual_memory_granularity();
-        if config.expandable_segments && vm_granularity.is_none() {
-            log::warn!(
-                "expandable_segments is set but this device has no virtual memory: \
-                 the allocator uses ordinary segments"
-            );
-        }
         let mut engine = Self {
-            vm_granularity,
+            vm_granularity: device.virtual_memory_granularity(),
             max_segment: device.max_segment_size(),
             device,
             config,
@@ -146,7 +165,7 @@ impl<D: DeviceMemory> Engine<D> {
                 engine.config.memory_fraction = None;
             }
         }
-        engine
+        Ok(engine)
     }
 
     /// The statistics.
@@ -315,13 +334,13 @@ impl<D: DeviceMemory> Engine<D> {
         (rounded, PoolKind::for_size(rounded))
     }
 
-    /// Serves a request; `Ok(None)` only on a miss with [`Growth::CacheOnly`], or with
-    /// [`Growth::BeforeFlush`] where only the cache flush could help.
+    /// Serves a request; `Ok(None)` only on a miss with [`MissPath::CacheOnly`], or with
+    /// [`MissPath::BeforeFlush`] where only the cache flush could help.
     pub fn malloc(
         &mut self,
         size: u64,
-        stream: StreamId,
-        growth: Growth,
+        stream: DeviceStream,
+        growth: MissPath,
     ) -> Result<Option<BlockId>, AllocError> {
         if size == 0 {
             return Err(AllocError::ZeroSize);
@@ -353,11 +372,11 @@ impl<D: DeviceMemory> Engine<D> {
         if let Some(block) = self.take_free_block(pool, stream, rounded) {
             return Ok(Some(self.allocate_block(block, rounded, size)));
         }
-        if growth == Growth::CacheOnly {
+        if growth == MissPath::CacheOnly {
             return Ok(None);
         }
 
-        let flush = growth == Growth::Allowed;
+        let flush = growth == MissPath::Allowed;
         match self.grow(new_segment, pool, stream, rounded, flush) {
             Ok(Some(block)) => Ok(Some(self.allocate_block(block, rounded, size))),
             Ok(None) if !flush => Ok(None),
@@ -374,7 +393,7 @@ impl<D: DeviceMemory> Engine<D> {
         &mut self,
         new_segment: u64,
         pool: PoolKind,
-        stream: StreamId,
+        stream: DeviceStream,
         rounded: u64,
         flush: bool,
     ) -> Result<Option<BlockId>, AllocError> {
@@ -402,7 +421,7 @@ impl<D: DeviceMemory> Engine<D> {
         &mut self,
         new_segment: u64,
         pool: PoolKind,
-        stream: StreamId,
+        stream: DeviceStream,
         rounded: u64,
     ) -> Result<Option<BlockId>, AllocError> {
         if !self.expandable() {
@@ -451,7 +470,7 @@ impl<D: DeviceMemory> Engine<D> {
         &mut self,
         id: u64,
         block: BlockId,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<(), AllocError> {
         let block = self.live_block(id, block)?;
         if self.blocks.stream(block) != stream {
@@ -477,7 +496,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// bytes. PyTorch learns this only when `cudaMalloc` fails and counts it as an
     /// out-of-memory (`num_ooms`, an `oom` trace entry); so does this allocator, but it knows
     /// up front, so it neither flushes the cache nor counts a retry first.
-    fn too_large(&mut self, size: u64, max: u64, stream: StreamId) -> AllocError {
+    fn too_large(&mut self, size: u64, max: u64, stream: DeviceStream) -> AllocError {
         let (rounded, _) = self.block_for(size);
         let device_free = self.device.memory_info().ok().map_or(0, |i| i.free);
         self.count_oom(size, rounded, device_free, stream);
@@ -489,7 +508,7 @@ impl<D: DeviceMemory> Engine<D> {
 
     /// Counts an out-of-memory and records it in the trace, with the rounded size and the
     /// device's free bytes (PyTorch's `oom` entry).
-    fn count_oom(&mut self, size: u64, rounded: u64, device_free: u64, stream: StreamId) {
+    fn count_oom(&mut self, size: u64, rounded: u64, device_free: u64, stream: DeviceStream) {
         self.stats.num_ooms += 1;
         self.record(|| TraceEvent::Oom {
             size,
@@ -502,7 +521,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// The out-of-memory error for a request of `size` bytes, with the numbers that explain
     /// it: PyTorch's, the largest free block, the free bytes in blocks too small for the
     /// request, and the configuration that would help.
-    fn out_of_memory(&mut self, size: u64, stream: StreamId) -> AllocError {
+    fn out_of_memory(&mut self, size: u64, stream: DeviceStream) -> AllocError {
         let info = self.device.memory_info().ok();
         let device_free = info.map_or(0, |i| i.free);
         let (rounded, _) = self.block_for(size);

@@ -17,14 +17,14 @@ use super::Engine;
 use crate::alloc::block::{Backing, BlockId, BlockState, End};
 use crate::alloc::history::TraceEvent;
 use crate::alloc::size::{MIN_BLOCK_SIZE, PoolKind, SMALL_SIZE};
-use crate::device::{DeviceMemory, StreamId};
+use crate::device::{DeviceMemory, DeviceStream};
 
 impl<D: DeviceMemory> Engine<D> {
     /// The best cached block for a request, without taking it.
     pub fn find_free_block(
         &self,
         pool: PoolKind,
-        stream: StreamId,
+        stream: DeviceStream,
         rounded: u64,
     ) -> Option<BlockId> {
         let list = self.free_list_ref(pool);
@@ -63,7 +63,7 @@ impl<D: DeviceMemory> Engine<D> {
     pub fn take_free_block(
         &mut self,
         pool: PoolKind,
-        stream: StreamId,
+        stream: DeviceStream,
         rounded: u64,
     ) -> Option<BlockId> {
         let block = self.find_free_block(pool, stream, rounded)?;

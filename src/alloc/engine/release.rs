@@ -8,7 +8,7 @@ use crate::alloc::block::{Backing, BlockId, NewSegment};
 use crate::alloc::error::AllocError;
 use crate::alloc::history::TraceEvent;
 use crate::alloc::size::PoolKind;
-use crate::device::{DeviceError, DeviceMemory, DeviceSegment, StreamId};
+use crate::device::{DeviceError, DeviceMemory, DeviceSegment, DeviceStream};
 
 impl<D: DeviceMemory> Engine<D> {
     /// Allocates a segment of `size` bytes and returns its one free, unlisted block; `None`
@@ -17,7 +17,7 @@ impl<D: DeviceMemory> Engine<D> {
         &mut self,
         size: u64,
         pool: PoolKind,
-        stream: StreamId,
+        stream: DeviceStream,
     ) -> Result<Option<BlockId>, AllocError> {
         if let Some(limit) = self.fraction_limit()
             && self.stats.memory_reserved() + size > limit
@@ -96,7 +96,7 @@ impl<D: DeviceMemory> Engine<D> {
     pub fn release_oversize_blocks(
         &mut self,
         pool: PoolKind,
-        stream: StreamId,
+        stream: DeviceStream,
         rounded: u64,
     ) -> Result<bool, AllocError> {
         let max_split = self.max_split();

@@ -34,7 +34,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_common::stream_id::StreamId;
 use cubecl_runtime::allocator::ContiguousMemoryLayoutPolicy;
 use cubecl_runtime::server::{Handle, MemoryLayout, MemoryLayoutDescriptor, MemoryLayoutPolicy};
 use parking_lot::Mutex;
@@ -56,13 +56,13 @@ struct Pending {
 pub(crate) struct CallerStacks {
     /// How many stacks wait, over all streams: the server's check when stacks are off.
     waiting: AtomicUsize,
-    queues: Mutex<HashMap<CubeStreamId, VecDeque<Pending>>>,
+    queues: Mutex<HashMap<StreamId, VecDeque<Pending>>>,
     /// Per return address: whether it lies in a client call that reserves on another server.
     elsewhere: Mutex<HashMap<usize, bool>>,
 }
 
 impl CallerStacks {
-    fn push(&self, stream: CubeStreamId, size: u64, stack: Stack) {
+    fn push(&self, stream: StreamId, size: u64, stack: Stack) {
         self.queues
             .lock()
             .entry(stream)
@@ -72,7 +72,7 @@ impl CallerStacks {
     }
 
     /// The stack captured for `stream`'s next reservation, if it is one of `size` bytes.
-    pub(crate) fn take(&self, stream: CubeStreamId, size: u64) -> Option<Stack> {
+    pub(crate) fn take(&self, stream: StreamId, size: u64) -> Option<Stack> {
         if self.waiting.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -143,7 +143,7 @@ impl<M: DeviceMemory> MemoryLayoutPolicy for CallerStackPolicy<M> {
     #[inline(never)]
     fn apply(
         &self,
-        stream_id: CubeStreamId,
+        stream_id: StreamId,
         descriptors: &[MemoryLayoutDescriptor],
     ) -> (Handle, Vec<MemoryLayout>) {
         let applied = self.layout.apply(stream_id, descriptors);
@@ -164,7 +164,7 @@ mod tests {
     #[test]
     fn a_stack_goes_to_its_streams_next_reservation_of_its_size_only() {
         let stacks = CallerStacks::default();
-        let (a, b) = (CubeStreamId { value: 1 }, CubeStreamId { value: 2 });
+        let (a, b) = (StreamId { value: 1 }, StreamId { value: 2 });
         let first = Stack::capture();
         let second = Stack::capture();
         stacks.push(a, 1024, first.clone());

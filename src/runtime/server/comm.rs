@@ -41,7 +41,7 @@ use cubecl_common::backtrace::BackTrace;
 use cubecl_common::bytes::Bytes;
 use cubecl_common::device::DeviceId;
 use cubecl_common::future::block_on;
-use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_common::stream_id::StreamId;
 use cubecl_ir::{ElemType, FloatKind, IntKind, UIntKind};
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
 use cubecl_runtime::server::{
@@ -296,7 +296,7 @@ impl<D: Driver> CachingServer<D> {
         &mut self,
         memory: ManagedMemoryHandle,
         size: u64,
-        stream: CubeStreamId,
+        stream: StreamId,
     ) -> Result<(), ServerError> {
         // Memory other streams finished using may be handed out again now.
         if let Err(err) = release_completed(&mut self.driver, &mut self.uses) {
@@ -320,11 +320,7 @@ impl<D: Driver> CachingServer<D> {
     }
 
     /// Reads a whole buffer on `stream`, after the work that produced it.
-    fn read_all(
-        &mut self,
-        desc: CopyDescriptor,
-        stream: CubeStreamId,
-    ) -> Result<Bytes, ServerError> {
+    fn read_all(&mut self, desc: CopyDescriptor, stream: StreamId) -> Result<Bytes, ServerError> {
         block_on(self.read(vec![desc], stream))?
             .pop()
             .ok_or_else(|| generic("caching allocator: a read returned nothing".into()))
@@ -335,7 +331,7 @@ impl<D: Driver> CachingServer<D> {
         &mut self,
         handle: &Handle,
         parcel: Result<Bytes, ServerError>,
-        stream: CubeStreamId,
+        stream: StreamId,
     ) -> Result<(), ServerError> {
         let data = parcel?;
         if data.len() as u64 > handle.size() {
@@ -366,7 +362,7 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
         Ok(())
     }
 
-    fn sync_collective(&mut self, stream_id: CubeStreamId) -> Result<(), ServerError> {
+    fn sync_collective(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
         // Transfers and all-reduces are complete on the host and written on their stream
         // before they return: later work of the stream is ordered after them already. Start it.
         let (driver, driver_stream) = self.split(stream_id);
@@ -380,7 +376,7 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
         &mut self,
         desc: CopyDescriptor,
         _dtype: ElemType,
-        stream_id: CubeStreamId,
+        stream_id: StreamId,
         device_id_dst: DeviceId,
     ) -> Result<(), ServerError> {
         let route = Route {
@@ -403,7 +399,7 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
         &mut self,
         handle: Handle,
         _dtype: ElemType,
-        stream_id: CubeStreamId,
+        stream_id: StreamId,
         device_id_src: DeviceId,
     ) -> Result<(), ServerError> {
         if !self.comm.connected(self.device, device_id_src) {
@@ -425,7 +421,7 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
         src: Binding,
         dst: Binding,
         dtype: ElemType,
-        stream_id: CubeStreamId,
+        stream_id: StreamId,
         op: ReduceOperation,
         device_ids: Vec<DeviceId>,
     ) -> Result<(), ServerError> {

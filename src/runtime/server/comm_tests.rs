@@ -4,7 +4,7 @@
 
 use cubecl_common::bytes::Bytes;
 use cubecl_common::future::block_on;
-use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_common::stream_id::StreamId;
 use cubecl_ir::{ElemType, FloatKind, IntKind};
 use cubecl_runtime::server::{
     ComputeServer, CopyDescriptor, Handle, ReduceOperation, ServerCommunication, ServerError,
@@ -28,7 +28,7 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 }
 
 /// A buffer on `h`'s stream `on` holding `data`.
-fn tensor(h: &mut Harness, data: &[u8], on: CubeStreamId) -> Handle {
+fn tensor(h: &mut Harness, data: &[u8], on: StreamId) -> Handle {
     let handle = h.buffer(data.len() as u64, on);
     h.server.write(
         vec![(
@@ -44,7 +44,7 @@ fn read(
     h: &mut Harness,
     handle: &Handle,
     len: usize,
-    on: CubeStreamId,
+    on: StreamId,
 ) -> Result<Vec<u8>, ServerError> {
     let mut out = block_on(h.server.read(vec![whole(handle, len)], on))?;
     Ok(out.remove(0).to_vec())
@@ -63,7 +63,7 @@ fn transfer(
     dst: &mut Harness,
     handle: &Handle,
     len: usize,
-    on: CubeStreamId,
+    on: StreamId,
 ) -> Handle {
     let received = Handle::new(on, len as u64);
     src.server

@@ -13,7 +13,7 @@ pub struct CubeclLayerUsage {
     /// Slices held by live tensors.
     pub live_slices: u64,
     /// Bytes of live tensors (what CubeCL calls `bytes_in_use`).
-    pub live_bytes: u64,
+    pub tensor_bytes: u64,
     /// Alignment padding of live slices.
     pub padding_bytes: u64,
     /// Bytes of all slices, live or free (each one an engine block).
@@ -26,7 +26,7 @@ impl CubeclLayerUsage {
     /// Bytes in free slices: cached by CubeCL's exact-size reuse, allocated in the engine.
     pub fn cached_bytes(&self) -> u64 {
         self.slice_bytes
-            .saturating_sub(self.live_bytes + self.padding_bytes)
+            .saturating_sub(self.tensor_bytes + self.padding_bytes)
     }
 
     /// Adds one stream's pool usage and counters.
@@ -37,7 +37,7 @@ impl CubeclLayerUsage {
     ) {
         self.streams += 1;
         self.live_slices += usage.number_allocs;
-        self.live_bytes += usage.bytes_in_use;
+        self.tensor_bytes += usage.bytes_in_use;
         self.padding_bytes += usage.bytes_padding;
         self.slice_bytes += usage.bytes_reserved;
         let r = &mut self.reclaim;

@@ -20,7 +20,7 @@ use super::super::driver::{Driver, MetadataLayout, Resource};
 use super::ordering::PendingUses;
 use super::reserve;
 use super::streams::{MetadataScratch, Streams};
-use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_common::stream_id::StreamId;
 
 /// The smallest scratch reserved, in bytes (a few shapes and strides).
 pub(super) const MIN_SCRATCH: u64 = 256;
@@ -68,7 +68,7 @@ pub(super) fn upload<D: Driver>(
     streams: &mut Streams<D>,
     pending: &mut PendingUses<D::Event>,
     max_binding_size: Option<u64>,
-    stream_id: CubeStreamId,
+    stream_id: StreamId,
     values: &[u64],
 ) -> Result<Resource<D>, ServerError> {
     let bytes: Vec<u8> = values

@@ -47,7 +47,7 @@ use cubecl_common::bytes::Bytes;
 use cubecl_common::device::{DeviceId, DeviceService, ServerUtilitiesHandle};
 use cubecl_common::future::DynFut;
 use cubecl_common::profile::ProfileDuration;
-use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_common::stream_id::StreamId;
 use cubecl_ir::MemoryDeviceProperties;
 use cubecl_runtime::compiler::CubeTask;
 use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
@@ -68,7 +68,6 @@ use super::env::{oom_snapshot_path, startup_config};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
 use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, ObserverThread, Stack};
-use crate::device::DeviceMemory;
 use caller_stack::CallerStacks;
 use kernels::KernelCache;
 use ordering::{
@@ -111,13 +110,19 @@ impl<D: Driver> core::fmt::Debug for CachingServer<D> {
 }
 
 impl<D: Driver> CachingServer<D> {
-    /// A server over an opened driver, with an engine configured by `config`. CubeCL stream
-    /// ids map onto `streaming.max_streams` slots of CubeCL's configuration (128 by default),
-    /// as on CubeCL's own servers.
-    pub fn new(mut driver: D, device: DeviceId, config: AllocatorConfig) -> Self {
+    /// A server over an opened driver, with an engine configured by `config` over the driver's
+    /// device memory ([`Driver::memory`], asked once here). CubeCL stream ids map onto
+    /// `streaming.max_streams` slots of CubeCL's configuration (128 by default), as on CubeCL's
+    /// own servers. A configuration the device cannot serve is the engine's
+    /// [`ConfigError::Unsupported`] (see [`CachingAllocator::new`]).
+    pub fn new(
+        mut driver: D,
+        device: DeviceId,
+        config: AllocatorConfig,
+    ) -> Result<Self, ConfigError> {
         let properties = driver.properties();
         let memory_properties: MemoryDeviceProperties = properties.memory.clone();
-        let allocator = Arc::new(CachingAllocator::new(driver.memory(), config));
+        let allocator = Arc::new(CachingAllocator::new(driver.memory(), config)?);
         allocator.set_device_index(u32::from(device.index_id));
         allocator.dump_snapshot_on_oom(oom_snapshot_path());
         // Requests run inside the server's task: observers run where they may call back into
@@ -140,7 +145,7 @@ impl<D: Driver> CachingServer<D> {
         let logger = Arc::new(ServerLogger::default());
         let utilities = ServerUtilities::new(properties, logger, driver.info(), layout);
         let max_streams = CubeClRuntimeConfig::get().streaming.max_streams as usize;
-        Self {
+        Ok(Self {
             max_binding_size: driver.max_binding_size(),
             metadata_layout: driver.metadata_layout(),
             streams: Streams::new(allocator.clone(), memory_properties, max_streams),
@@ -154,7 +159,25 @@ impl<D: Driver> CachingServer<D> {
             caller_stacks,
             utilities: Arc::new(utilities),
             comm: comm::CommState::default(),
-        }
+        })
+    }
+
+    /// What CubeCL's `DeviceService::init` does, with the reason as an error: the configuration
+    /// given in code (`backend::configure`) if any, else `BURN_CACHING_ALLOC_CONF`; the driver
+    /// opened; the server over it ([`CachingServer::new`]).
+    fn open(device_id: DeviceId) -> Result<Self, DriverError> {
+        let configured = registry::take_config::<D::Memory>(device_id);
+        let source = if configured.is_some() {
+            "backend::configure"
+        } else {
+            crate::alloc::CONFIG_ENV
+        };
+        let config = startup_config(configured)?;
+        let driver = D::open(device_id)?;
+        Self::new(driver, device_id, config).map_err(|source_err| DriverError::Config {
+            var: source,
+            source: source_err,
+        })
     }
 
     /// The same server with CubeCL stream ids mapped onto `max_streams` slots (at least one):
@@ -183,29 +206,25 @@ impl<D: Driver> CachingServer<D> {
     }
 
     /// The driver and a stream's driver state, borrowed together.
-    fn split(&mut self, id: CubeStreamId) -> (&mut D, &mut D::Stream) {
+    fn split(&mut self, id: StreamId) -> (&mut D, &mut D::Stream) {
         let stream = self.streams.get(&mut self.driver, id);
         (&mut self.driver, &mut stream.driver)
     }
 
-    fn push_error(&mut self, stream: CubeStreamId, error: ServerError) {
+    fn push_error(&mut self, stream: StreamId, error: ServerError) {
         self.streams.push_error(&mut self.driver, stream, error);
     }
 
-    fn take_errors(&mut self, stream: CubeStreamId) -> Result<(), ServerError> {
+    fn take_errors(&mut self, stream: StreamId) -> Result<(), ServerError> {
         self.streams.take_errors(&mut self.driver, stream)
     }
 
-    fn order_after(
-        &mut self,
-        consumer: CubeStreamId,
-        uses: &[BufferUse],
-    ) -> Result<(), ServerError> {
+    fn order_after(&mut self, consumer: StreamId, uses: &[BufferUse]) -> Result<(), ServerError> {
         order_after(&mut self.driver, &mut self.streams, consumer, uses)
     }
 
     /// Counts one more operation issued on `stream`'s slot; returns the new cursor.
-    fn advance(&mut self, stream: CubeStreamId) -> u64 {
+    fn advance(&mut self, stream: StreamId) -> u64 {
         let stream = self.streams.get(&mut self.driver, stream);
         stream.cursor += 1;
         stream.cursor
@@ -215,7 +234,7 @@ impl<D: Driver> CachingServer<D> {
     fn resolve(
         &mut self,
         memory: ManagedMemoryBinding,
-        stream: CubeStreamId,
+        stream: StreamId,
         offset_start: Option<u64>,
         offset_end: Option<u64>,
     ) -> Result<Resource<D>, IoError> {
@@ -241,7 +260,7 @@ impl<D: Driver> CachingServer<D> {
     fn resolve_use(
         &mut self,
         binding: Binding,
-        consumer: CubeStreamId,
+        consumer: StreamId,
     ) -> Result<(Resource<D>, BufferUse, Option<ManagedMemoryBinding>), IoError> {
         let stream = binding.stream;
         let foreign = (self.streams.slot(stream) != self.streams.slot(consumer))
@@ -260,7 +279,7 @@ impl<D: Driver> CachingServer<D> {
     /// an event recorded now on `consumer` has completed.
     fn hold_until_done(
         &mut self,
-        consumer: CubeStreamId,
+        consumer: StreamId,
         foreign: Vec<ManagedMemoryBinding>,
     ) -> Result<(), ServerError> {
         hold_until_done(
@@ -319,35 +338,10 @@ fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
 impl<D: Driver> DeviceService for CachingServer<D> {
     fn init(device_id: DeviceId) -> Self {
         // CubeCL opens devices lazily and gives this call no way to fail: a device that cannot
-        // be opened, or a configuration that does not parse, stops here with the reason.
-        // A configuration given in code (`backend::configure`) comes first, then the
-        // environment variable.
-        let configured = registry::take_config::<D::Memory>(device_id);
-        let source = if configured.is_some() {
-            "backend::configure"
-        } else {
-            crate::alloc::CONFIG_ENV
-        };
-        let config = startup_config(configured)
-            .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"));
-        let mut driver = D::open(device_id)
-            .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"));
-        // Expandable segments map pages into a reserved address range: a device without
-        // virtual memory (wgpu) cannot, and a configuration asking for them is refused here
-        // rather than silently served with ordinary segments.
-        if config.expandable_segments && driver.memory().virtual_memory_granularity().is_none() {
-            let err = DriverError::Config {
-                var: source,
-                source: ConfigError::Unsupported {
-                    key: "expandable_segments".into(),
-                    reason: "this device has no virtual memory (wgpu cannot map pages into a \
-                             reserved address range); use the CUDA backend or leave it off"
-                        .into(),
-                },
-            };
-            panic!("caching allocator: cannot open {device_id}: {err}");
-        }
-        Self::new(driver, device_id, config)
+        // be opened, or a configuration that does not parse or that the device cannot serve
+        // (expandable segments without virtual memory), stops here with the reason.
+        Self::open(device_id)
+            .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"))
     }
 
     fn utilities(&self) -> ServerUtilitiesHandle {
@@ -361,12 +355,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
     type MemoryLayoutPolicy = CallerStackPolicy<D::Memory>;
     type Storage = super::storage::EngineStorage<D::Memory>;
 
-    fn initialize_memory(
-        &mut self,
-        memory: ManagedMemoryHandle,
-        size: u64,
-        stream_id: CubeStreamId,
-    ) {
+    fn initialize_memory(&mut self, memory: ManagedMemoryHandle, size: u64, stream_id: StreamId) {
         // The stack the policy captured on the caller's thread for this reservation (taken
         // even if the reservation fails, so the next one pairs with its own).
         let caller = self.caller_stacks.take(stream_id, size);
@@ -387,7 +376,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
     fn read(
         &mut self,
         descriptors: Vec<CopyDescriptor>,
-        stream_id: CubeStreamId,
+        stream_id: StreamId,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
         if let Err(err) = self.take_errors(stream_id) {
             return ready(Err(err));
@@ -433,7 +422,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         })
     }
 
-    fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: CubeStreamId) {
+    fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: StreamId) {
         for (desc, data) in descriptors {
             if let Err(err) = self.write_one(desc, &data, stream_id) {
                 self.push_error(stream_id, err);
@@ -441,7 +430,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         }
     }
 
-    fn sync(&mut self, stream_id: CubeStreamId) -> DynFut<Result<(), ServerError>> {
+    fn sync(&mut self, stream_id: StreamId) -> DynFut<Result<(), ServerError>> {
         if let Err(err) = self.take_errors(stream_id) {
             return ready(Err(err));
         }
@@ -452,7 +441,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
     fn get_resource(
         &mut self,
         binding: Binding,
-        stream_id: CubeStreamId,
+        stream_id: StreamId,
     ) -> Result<ManagedResource<Resource<D>>, ServerError> {
         let memory = binding.memory.clone();
         let (resource, used, foreign) = self.resolve_use(binding, stream_id)?;
@@ -475,7 +464,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         count: CubeCount,
         args: KernelArguments,
         mode: ExecutionMode,
-        stream_id: CubeStreamId,
+        stream_id: StreamId,
     ) {
         // SAFETY: the caller of `ComputeServer::launch` upholds the kernel's safety contract.
         let launched = unsafe { self.launch_one(kernel, count, args, mode, stream_id) };
@@ -484,14 +473,14 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         }
     }
 
-    fn flush(&mut self, stream_id: CubeStreamId) -> Result<(), ServerError> {
+    fn flush(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
         let (driver, driver_stream) = self.split(stream_id);
         let flushed = driver.flush(driver_stream);
         self.take_errors(stream_id)?;
         flushed
     }
 
-    fn memory_usage(&mut self, _stream_id: CubeStreamId) -> Result<MemoryUsage, ServerError> {
+    fn memory_usage(&mut self, _stream_id: StreamId) -> Result<MemoryUsage, ServerError> {
         // Buffers other streams have finished with are no longer in use.
         if let Err(err) = release_completed(&mut self.driver, &mut self.uses) {
             log::error!("caching allocator: polling cross-stream uses failed: {err}");
@@ -501,13 +490,13 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         let layer = self.cubecl_layer();
         Ok(MemoryUsage {
             number_allocs: layer.live_slices,
-            bytes_in_use: layer.live_bytes,
+            bytes_in_use: layer.tensor_bytes,
             bytes_padding: layer.padding_bytes,
             bytes_reserved: self.allocator.memory_reserved(),
         })
     }
 
-    fn memory_cleanup(&mut self, _stream_id: CubeStreamId) {
+    fn memory_cleanup(&mut self, _stream_id: StreamId) {
         // PyTorch's `empty_cache` synchronises every pending event first: memory other
         // streams used comes back too once they are done with it.
         if let Err(err) = synchronize_uses(&mut self.driver, &mut self.streams, &mut self.uses) {
@@ -522,14 +511,14 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         self.cubecl_layer();
     }
 
-    fn start_profile(&mut self, stream_id: CubeStreamId) -> Result<ProfilingToken, ServerError> {
+    fn start_profile(&mut self, stream_id: StreamId) -> Result<ProfilingToken, ServerError> {
         cubecl_common::future::block_on(self.sync(stream_id))?;
         Ok(self.profiler.start())
     }
 
     fn end_profile(
         &mut self,
-        stream_id: CubeStreamId,
+        stream_id: StreamId,
         token: ProfilingToken,
     ) -> Result<ProfileDuration, ProfileError> {
         if let Err(err) = cubecl_common::future::block_on(self.sync(stream_id)) {
@@ -538,7 +527,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         self.profiler.stop(token)
     }
 
-    fn allocation_mode(&mut self, mode: MemoryAllocationMode, _stream_id: CubeStreamId) {
+    fn allocation_mode(&mut self, mode: MemoryAllocationMode, _stream_id: StreamId) {
         // Every stream stays persistent: it is what routes each reservation to the engine.
         log::trace!("caching allocator: ignoring allocation mode {mode:?} (always persistent)");
     }
@@ -550,7 +539,7 @@ impl<D: Driver> CachingServer<D> {
         &mut self,
         desc: CopyDescriptor,
         data: &[u8],
-        stream_id: CubeStreamId,
+        stream_id: StreamId,
     ) -> Result<(), ServerError> {
         checks::contiguous(&desc.shape, &desc.strides)?;
         let (resource, used, foreign) = self.resolve_use(desc.handle, stream_id)?;
@@ -580,7 +569,7 @@ impl<D: Driver> CachingServer<D> {
         count: CubeCount,
         args: KernelArguments,
         mode: ExecutionMode,
-        stream_id: CubeStreamId,
+        stream_id: StreamId,
     ) -> Result<(), ServerError> {
         checks::no_tensor_maps(args.tensor_maps.len())?;
         let compiled = self

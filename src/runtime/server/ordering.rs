@@ -37,7 +37,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_common::stream_id::StreamId;
 use cubecl_runtime::memory_management::ManagedMemoryBinding;
 use cubecl_runtime::server::ServerError;
 
@@ -47,7 +47,7 @@ use super::streams::Streams;
 /// A foreign buffer's producer and the producer's cursor when the buffer was bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct BufferUse {
-    pub(super) stream: CubeStreamId,
+    pub(super) stream: StreamId,
     pub(super) cursor: u64,
 }
 
@@ -91,7 +91,7 @@ impl SyncPoints {
 /// so every other stream's sync point with it is lowered below the oldest of them.
 pub(super) fn note_rewrites<D: Driver>(
     streams: &mut Streams<D>,
-    stream: CubeStreamId,
+    stream: StreamId,
     uses: &[BufferUse],
 ) {
     if streams.len() < 2 {
@@ -115,7 +115,7 @@ pub(super) fn note_rewrites<D: Driver>(
 pub(super) fn order_after<D: Driver>(
     driver: &mut D,
     streams: &mut Streams<D>,
-    consumer: CubeStreamId,
+    consumer: StreamId,
     uses: &[BufferUse],
 ) -> Result<(), ServerError> {
     let consumer_slot = streams.slot(consumer);
@@ -196,7 +196,7 @@ pub(super) fn hold_until_done<D: Driver>(
     driver: &mut D,
     streams: &mut Streams<D>,
     pending: &mut PendingUses<D::Event>,
-    consumer: CubeStreamId,
+    consumer: StreamId,
     foreign: Vec<ManagedMemoryBinding>,
 ) -> Result<(), ServerError> {
     if foreign.is_empty() {

@@ -16,7 +16,7 @@
 //!    first-OOM snapshot once.
 
 use cubecl_common::backtrace::BackTrace;
-use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_common::stream_id::StreamId;
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
 use cubecl_runtime::server::ServerError;
 
@@ -36,7 +36,7 @@ pub(super) fn reserve<D: Driver>(
     pending: &mut PendingUses<D::Event>,
     max_binding_size: Option<u64>,
     size: u64,
-    stream_id: CubeStreamId,
+    stream_id: StreamId,
 ) -> Result<ManagedMemoryHandle, ServerError> {
     checks::bindable(size, max_binding_size)?;
     match streams
@@ -95,9 +95,9 @@ fn reserve_error<D: Driver>(streams: &Streams<D>, size: u64, failure: ReserveErr
              every free CubeCL slice to the allocator: {failure} CubeCL's layer holds {} in \
              {} live slices ({} of tensors, {} of alignment padding) and {} in free slices, \
              all counted as allocated by the engine.",
-            format_bytes(layer.live_bytes + layer.padding_bytes),
+            format_bytes(layer.tensor_bytes + layer.padding_bytes),
             layer.live_slices,
-            format_bytes(layer.live_bytes),
+            format_bytes(layer.tensor_bytes),
             format_bytes(layer.padding_bytes),
             format_bytes(layer.cached_bytes()),
         ),

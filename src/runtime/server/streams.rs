@@ -3,7 +3,7 @@
 //! waiting to be reported.
 //!
 //! CubeCL names a stream after the thread that uses it, so every new thread (a data-loader
-//! worker, a test thread) brings a new [`CubeStreamId`]. As in cubecl-runtime's `StreamPool`,
+//! worker, a test thread) brings a new [`StreamId`]. As in cubecl-runtime's `StreamPool`,
 //! ids map onto a bounded number of slots, `id % max_streams`: threads beyond that share a
 //! slot, its driver stream, its engine stream and the memory cached there, instead of each
 //! leaving a stream and its cache behind. The default bound is CubeCL's own
@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cubecl_common::backtrace::BackTrace;
-use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_common::stream_id::StreamId;
 use cubecl_ir::MemoryDeviceProperties;
 use cubecl_runtime::server::{Handle, ServerError};
 
@@ -25,10 +25,10 @@ use super::super::driver::Driver;
 use super::super::stream_memory::{ReclaimPolicy, StreamMemory};
 use super::ordering::SyncPoints;
 use crate::alloc::{CachingAllocator, RecordMode};
-use crate::device::StreamId;
+use crate::device::DeviceStream;
 
 /// The slot of CubeCL stream `id` among `max_streams` (cubecl-runtime's `stream_index`).
-pub(crate) fn slot(id: CubeStreamId, max_streams: usize) -> usize {
+pub(crate) fn slot(id: StreamId, max_streams: usize) -> usize {
     (id.value % max_streams.max(1) as u64) as usize
 }
 
@@ -90,12 +90,12 @@ impl<D: Driver> Streams<D> {
     }
 
     /// The slot of CubeCL stream `id`.
-    pub(super) fn slot(&self, id: CubeStreamId) -> usize {
+    pub(super) fn slot(&self, id: StreamId) -> usize {
         slot(id, self.max_streams)
     }
 
     /// The stream of `id`'s slot, created (with its driver state from `driver`) on first use.
-    pub(super) fn get(&mut self, driver: &mut D, id: CubeStreamId) -> &mut ServerStream<D> {
+    pub(super) fn get(&mut self, driver: &mut D, id: StreamId) -> &mut ServerStream<D> {
         let slot = self.slot(id);
         self.get_slot(driver, slot)
     }
@@ -113,7 +113,7 @@ impl<D: Driver> Streams<D> {
             ReclaimPolicy::Amortised
         };
         self.streams.entry(slot).or_insert_with(|| {
-            let engine_stream = StreamId(slot as u64);
+            let engine_stream = DeviceStream(slot as u64);
             ServerStream {
                 memory: StreamMemory::new(allocator.clone(), engine_stream, properties)
                     .with_policy(policy),
@@ -127,10 +127,10 @@ impl<D: Driver> Streams<D> {
     }
 
     /// Every used slot, as a CubeCL stream id that maps onto it, for calls that visit them all.
-    pub(super) fn ids(&self) -> Vec<CubeStreamId> {
+    pub(super) fn ids(&self) -> Vec<StreamId> {
         self.streams
             .keys()
-            .map(|slot| CubeStreamId {
+            .map(|slot| StreamId {
                 value: *slot as u64,
             })
             .collect()
@@ -144,7 +144,7 @@ impl<D: Driver> Streams<D> {
     /// Every stream but the slot of `except`.
     pub(super) fn others(
         &mut self,
-        except: CubeStreamId,
+        except: StreamId,
     ) -> impl Iterator<Item = &mut ServerStream<D>> {
         let except = self.slot(except);
         self.streams
@@ -159,16 +159,12 @@ impl<D: Driver> Streams<D> {
     }
 
     /// Keeps `error` for the next `read`, `sync` or `flush` of `id`.
-    pub(super) fn push_error(&mut self, driver: &mut D, id: CubeStreamId, error: ServerError) {
+    pub(super) fn push_error(&mut self, driver: &mut D, id: StreamId, error: ServerError) {
         self.get(driver, id).errors.push(error);
     }
 
     /// Takes the pending errors of `id` as one error, if there are any.
-    pub(super) fn take_errors(
-        &mut self,
-        driver: &mut D,
-        id: CubeStreamId,
-    ) -> Result<(), ServerError> {
+    pub(super) fn take_errors(&mut self, driver: &mut D, id: StreamId) -> Result<(), ServerError> {
         let errors = core::mem::take(&mut self.get(driver, id).errors);
         match errors.len() {
             0 => Ok(()),
@@ -188,7 +184,7 @@ mod tests {
     #[test]
     fn stream_ids_map_onto_bounded_slots_as_cubecl_does() {
         // cubecl-runtime's `stream_index`: `id % max_streams`.
-        let id = |value| CubeStreamId { value };
+        let id = |value| StreamId { value };
         assert_eq!(slot(id(0), 4), 0);
         assert_eq!(slot(id(5), 4), 1);
         assert_eq!(slot(id(1_000_003), 128), 1_000_003 % 128);

@@ -13,7 +13,7 @@ use cubecl_common::bytes::Bytes;
 use cubecl_common::device::DeviceId;
 use cubecl_common::future::DynFut;
 use cubecl_common::profile::TimingMethod;
-use cubecl_common::stream_id::StreamId as CubeStreamId;
+use cubecl_common::stream_id::StreamId;
 use cubecl_ir::{DeviceProperties, ElemType, HardwareProperties, MemoryDeviceProperties};
 use cubecl_ir::{StorageType, UIntKind, VectorSize};
 use cubecl_runtime::compiler::{CompilationError, Compiler, CubeTask};
@@ -29,28 +29,30 @@ use super::super::driver::{Driver, Launch, MetadataLayout, Resource};
 use super::super::error::DriverError;
 use super::CachingServer;
 use crate::alloc::AllocatorConfig;
-use crate::device::StreamId;
+use crate::device::DeviceStream;
 use crate::device::metered::{Meter, Metered};
 use crate::device::sim::SimDevice;
 
 /// What the recording driver saw.
 #[derive(Debug, Default)]
 struct Seen {
-    streams_created: Vec<StreamId>,
+    streams_created: Vec<DeviceStream>,
     /// Per launch: the inline info and the bytes of the metadata buffer at launch time.
     launches: Vec<(Vec<u64>, Option<Vec<u8>>)>,
     events_recorded: usize,
     waits: usize,
     /// The stream of every event recorded, by event id.
-    event_streams: Vec<StreamId>,
+    event_streams: Vec<DeviceStream>,
     /// Events the test declared complete (the others are still running).
     completed: HashSet<u64>,
     /// `synchronize_event` calls (the host waited for an event).
     event_syncs: usize,
     /// Recording an event on this stream fails.
-    failing_records: Option<StreamId>,
+    failing_records: Option<DeviceStream>,
     /// Device contents written so far, by (segment, offset).
     memory: HashMap<(u64, u64), Vec<u8>>,
+    /// `Driver::memory` calls: how often the server opened the device memory.
+    memory_opened: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -109,20 +111,36 @@ pub(super) struct Recording {
     seen: Arc<Mutex<Seen>>,
 }
 
+std::thread_local! {
+    /// The driver `Recording::open` hands out next on this thread (a test puts it there).
+    static NEXT_OPENED: std::cell::RefCell<Option<Recording>> = const { std::cell::RefCell::new(None) };
+}
+
 impl Driver for Recording {
     type Memory = Metered<SimDevice>;
     type Compiler = NoCompiler;
     type Info = ();
-    type Stream = StreamId;
+    type Stream = DeviceStream;
     type Event = u64;
     type Kernel = ();
 
     fn open(_device: DeviceId) -> Result<Self, DriverError> {
-        unreachable!("built by the tests")
+        NEXT_OPENED
+            .with(|next| next.borrow_mut().take())
+            .ok_or_else(|| DriverError::NoDevice {
+                api: "recording",
+                reason: "no driver was put in NEXT_OPENED".into(),
+                hint: "a test puts one there first",
+            })
     }
 
     fn memory(&mut self) -> Metered<SimDevice> {
-        self.memory.take().expect("asked once")
+        // Counted, not refused (a test asserts the count): a second opening gets a device of
+        // its own, as a second `CudaMemory` gets an event pool of its own.
+        self.seen.lock().memory_opened += 1;
+        self.memory
+            .take()
+            .unwrap_or_else(|| Metered::new(SimDevice::new(1 << 30)))
     }
 
     fn properties(&self) -> DeviceProperties {
@@ -154,7 +172,7 @@ impl Driver for Recording {
         self.layout
     }
 
-    fn create_stream(&mut self, id: StreamId) -> StreamId {
+    fn create_stream(&mut self, id: DeviceStream) -> DeviceStream {
         self.seen.lock().streams_created.push(id);
         id
     }
@@ -170,7 +188,7 @@ impl Driver for Recording {
 
     unsafe fn launch(
         &mut self,
-        _stream: &mut StreamId,
+        _stream: &mut DeviceStream,
         launch: Launch<'_, Self>,
     ) -> Result<(), ServerError> {
         let mut seen = self.seen.lock();
@@ -184,7 +202,7 @@ impl Driver for Recording {
 
     fn write(
         &mut self,
-        _stream: &mut StreamId,
+        _stream: &mut DeviceStream,
         dst: &Resource<Self>,
         data: &[u8],
     ) -> Result<(), ServerError> {
@@ -197,7 +215,7 @@ impl Driver for Recording {
 
     fn read(
         &mut self,
-        _stream: &mut StreamId,
+        _stream: &mut DeviceStream,
         sources: Vec<(Resource<Self>, usize)>,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
         // What was written there (zeros where nothing was), `len` bytes of it.
@@ -216,15 +234,15 @@ impl Driver for Recording {
         Box::pin(async move { Ok(bytes) })
     }
 
-    fn flush(&mut self, _stream: &mut StreamId) -> Result<(), ServerError> {
+    fn flush(&mut self, _stream: &mut DeviceStream) -> Result<(), ServerError> {
         Ok(())
     }
 
-    fn sync(&mut self, _stream: &mut StreamId) -> DynFut<Result<(), ServerError>> {
+    fn sync(&mut self, _stream: &mut DeviceStream) -> DynFut<Result<(), ServerError>> {
         Box::pin(async { Ok(()) })
     }
 
-    fn record_event(&mut self, stream: &mut StreamId) -> Result<u64, ServerError> {
+    fn record_event(&mut self, stream: &mut DeviceStream) -> Result<u64, ServerError> {
         let mut seen = self.seen.lock();
         if seen.failing_records == Some(*stream) {
             return Err(ServerError::Generic {
@@ -237,7 +255,7 @@ impl Driver for Recording {
         Ok(seen.event_streams.len() as u64 - 1)
     }
 
-    fn wait_event(&mut self, _stream: &mut StreamId, _event: u64) -> Result<(), ServerError> {
+    fn wait_event(&mut self, _stream: &mut DeviceStream, _event: u64) -> Result<(), ServerError> {
         self.seen.lock().waits += 1;
         Ok(())
     }
@@ -285,6 +303,7 @@ fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> 
         index_id: NEXT.fetch_add(1, Ordering::Relaxed),
     };
     let server = CachingServer::new(driver, device, AllocatorConfig::default())
+        .expect("every device serves the default configuration")
         .with_max_streams(max_streams);
     Harness {
         server,
@@ -293,19 +312,19 @@ fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> 
     }
 }
 
-pub(super) fn stream(value: u64) -> CubeStreamId {
-    CubeStreamId { value }
+pub(super) fn stream(value: u64) -> StreamId {
+    StreamId { value }
 }
 
 impl Harness {
-    pub(super) fn buffer(&mut self, size: u64, on: CubeStreamId) -> Handle {
+    pub(super) fn buffer(&mut self, size: u64, on: StreamId) -> Handle {
         let handle = Handle::new(on, size);
         self.server
             .initialize_memory(handle.memory.clone(), size, on);
         handle
     }
 
-    fn launch(&mut self, buffers: &[&Handle], info: MetadataBindingInfo, on: CubeStreamId) {
+    fn launch(&mut self, buffers: &[&Handle], info: MetadataBindingInfo, on: StreamId) {
         let args = KernelArguments {
             buffers: buffers.iter().map(|h| (*h).clone().binding()).collect(),
             info,
@@ -339,7 +358,7 @@ impl Harness {
     }
 
     /// The events recorded on `stream` so far, by id.
-    fn events_on(&self, stream: StreamId) -> Vec<u64> {
+    fn events_on(&self, stream: DeviceStream) -> Vec<u64> {
         let seen = self.seen.lock();
         (0..seen.event_streams.len() as u64)
             .filter(|id| seen.event_streams[*id as usize] == stream)
@@ -535,7 +554,7 @@ fn a_buffer_another_stream_used_is_reused_only_after_that_streams_event_complete
     let out = h.buffer(4096, stream(2));
     // The consumer (2) uses the producer's (1) batch, then the batch's last handle goes.
     h.launch(&[&batch, &out], info(), stream(2));
-    let consumer_events = h.events_on(StreamId(2));
+    let consumer_events = h.events_on(DeviceStream(2));
     assert_eq!(consumer_events.len(), 1, "one event after the use");
     assert_eq!(h.server.pending_uses(), (1, 1));
     drop(batch);
@@ -612,7 +631,7 @@ fn a_read_keeps_its_source_until_the_copy_completed_and_its_stream_until_its_eve
     cubecl_common::future::block_on(copy).expect("read");
     let next = h.buffer(4096, stream(1));
     assert_ne!(h.location(&next), first);
-    h.complete(&h.events_on(StreamId(2)));
+    h.complete(&h.events_on(DeviceStream(2)));
     let free_again = h.buffer(4096, stream(1));
     assert_eq!(h.location(&free_again), first);
 }
@@ -779,7 +798,7 @@ fn a_use_whose_event_cannot_be_recorded_holds_its_buffer_until_the_stream_is_syn
     let mut h = harness(MetadataLayout::DriverBinding, 8);
     let batch = h.buffer(4096, stream(1));
     let first = h.location(&batch);
-    h.seen.lock().failing_records = Some(StreamId(2));
+    h.seen.lock().failing_records = Some(DeviceStream(2));
     let args = KernelArguments {
         buffers: vec![batch.clone().binding()],
         info: MetadataBindingInfo::new(Vec::new(), 0),
@@ -818,4 +837,90 @@ fn a_use_whose_event_cannot_be_recorded_holds_its_buffer_until_the_stream_is_syn
     h.server.memory_cleanup(stream(1));
     assert_eq!(h.server.pending_uses(), (0, 0));
     assert_eq!(h.server.allocator().stats().allocated_bytes.all.current, 0);
+}
+
+/// A device id of its own for a test that opens a server the way CubeCL does
+/// (`DeviceService::init`): the registry keeps one engine and one configuration per device.
+fn opened_device() -> DeviceId {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    DeviceId {
+        type_id: 0xCA12,
+        index_id: NEXT.fetch_add(1, Ordering::Relaxed),
+    }
+}
+
+/// A recording driver over `device` for `Recording::open` to hand out on this thread.
+fn next_opened(device: SimDevice) -> Arc<Mutex<Seen>> {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let driver = Recording {
+        memory: Some(Metered::new(device)),
+        layout: MetadataLayout::DriverBinding,
+        seen: seen.clone(),
+    };
+    NEXT_OPENED.with(|next| *next.borrow_mut() = Some(driver));
+    seen
+}
+
+/// Issue 19 item 3: `init` opened the device memory once to read the virtual-memory
+/// granularity and again for the engine (on CUDA a second `CudaMemory`, with an event pool
+/// of its own), against `Driver::memory`'s "called once per server".
+#[test]
+fn opening_a_device_opens_its_memory_once() {
+    let device = opened_device();
+    let seen = next_opened(SimDevice::new(1 << 30));
+    let server = CachingServer::<Recording>::open(device).expect("the device opens");
+    assert_eq!(seen.lock().memory_opened, 1);
+    assert_eq!(server.allocator().memory_reserved(), 0);
+
+    // A configuration given in code that asks for expandable segments, on a device with
+    // virtual memory: still one opening.
+    let device = opened_device();
+    let expandable = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    assert!(super::registry::configure::<Metered<SimDevice>>(
+        device,
+        expandable.clone()
+    ));
+    let seen = next_opened(SimDevice::new(1 << 30));
+    let server = CachingServer::<Recording>::open(device).expect("the device opens");
+    assert_eq!(seen.lock().memory_opened, 1);
+    assert_eq!(server.allocator().config(), expandable);
+}
+
+/// Issue 19 item 3: one policy for a missing capability. The server refused expandable
+/// segments on a device without virtual memory (a panic at `init`) while the engine warned and
+/// served ordinary segments; both now refuse with the engine's `ConfigError::Unsupported`.
+#[test]
+fn expandable_segments_without_virtual_memory_are_refused_by_the_engine_and_the_server() {
+    let expandable = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let engine_err = crate::alloc::CachingAllocator::new(
+        SimDevice::new(1 << 30).without_virtual_memory(),
+        expandable.clone(),
+    )
+    .err()
+    .expect("refused");
+    assert!(
+        matches!(&engine_err, crate::alloc::ConfigError::Unsupported { key, .. } if key == "expandable_segments"),
+        "{engine_err:?}"
+    );
+
+    // The server over such a device: the same error, from one opening of its memory.
+    let device = opened_device();
+    assert!(super::registry::configure::<Metered<SimDevice>>(
+        device, expandable
+    ));
+    let seen = next_opened(SimDevice::new(1 << 30).without_virtual_memory());
+    let err = CachingServer::<Recording>::open(device).expect_err("refused");
+    assert_eq!(
+        err,
+        DriverError::Config {
+            var: "backend::configure",
+            source: engine_err,
+        }
+    );
+    assert_eq!(seen.lock().memory_opened, 1);
+
+    // The same device serves every configuration that needs no virtual memory.
+    let device = opened_device();
+    next_opened(SimDevice::new(1 << 30).without_virtual_memory());
+    assert!(CachingServer::<Recording>::open(device).is_ok());
 }

@@ -184,7 +184,7 @@ fn check_caching_memory(outcome: &RunOutcome) {
     let after = memory_stats(&device);
     assert_eq!(after.memory_allocated(), 0, "{:?}", after.cubecl);
     assert_eq!(after.to_map()["allocated_bytes.all.current"], 0);
-    assert_eq!(after.cubecl.live_bytes, 0);
+    assert_eq!(after.cubecl.tensor_bytes, 0);
     assert!(after.memory_reserved() > 0);
     assert_eq!(after.cached_in_engine(), after.memory_reserved());
     let allocated_row = summary
