@@ -586,6 +586,27 @@ mod tests {
         );
     }
 
+    /// A block listed twice would be handed out twice: debug builds stop at the second insert,
+    /// in a class vector as in the map.
+    #[test]
+    #[cfg(debug_assertions)]
+    fn inserting_a_listed_address_again_is_caught() {
+        for size in [2 * MIB, 64 * MIB] {
+            let twice = std::panic::catch_unwind(|| {
+                let mut list = large();
+                list.insert(S0, size, 1 << 30, BlockId::for_test(1));
+                list.insert(S0, size, 1 << 31, BlockId::for_test(2));
+                list.insert(S0, size, 1 << 30, BlockId::for_test(3));
+            });
+            let message = twice.expect_err("the second insert panics");
+            assert_eq!(
+                message.downcast_ref::<&str>(),
+                Some(&"block inserted twice in a free list"),
+                "size {size}"
+            );
+        }
+    }
+
     #[test]
     fn the_map_counts_its_entries_in_the_class_range() {
         // Sizes no class holds although they lie in the class range: below `min_size` or
