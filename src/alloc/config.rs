@@ -7,14 +7,16 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::size::SegmentSizing;
 use super::units::MIB;
 
 /// The environment variable [`AllocatorConfig::from_env`] reads.
 pub const CONFIG_ENV: &str = "BURN_CACHING_ALLOC_CONF";
 
 /// Every key the configuration string accepts.
-pub const KNOWN_KEYS: [&str; 8] = [
+pub const KNOWN_KEYS: [&str; 9] = [
     "expandable_segments",
+    "segment_sizing",
     "max_split_size_mb",
     "max_non_split_rounding_mb",
     "garbage_collection_threshold",
@@ -196,6 +198,16 @@ pub struct AllocatorConfig {
     /// virtual memory).
     #[serde(default)]
     pub expandable_segments: bool,
+    /// How large a new segment for a mid-size request (over 1 MiB, under 10 MiB) is:
+    /// growing with the large pool up to 20 MiB (the default), or always 20 MiB (PyTorch).
+    /// Files written before the key existed used PyTorch's rule and read back as it.
+    #[serde(default = "pytorch_segment_sizing")]
+    pub segment_sizing: SegmentSizing,
+}
+
+/// The rule of configurations serialised before `segment_sizing` existed.
+fn pytorch_segment_sizing() -> SegmentSizing {
+    SegmentSizing::Pytorch
 }
 
 impl Default for AllocatorConfig {
@@ -209,6 +221,7 @@ impl Default for AllocatorConfig {
             record_history: false,
             history_capacity: 1 << 20,
             expandable_segments: false,
+            segment_sizing: SegmentSizing::Grow,
         }
     }
 }
@@ -286,6 +299,13 @@ impl AllocatorConfig {
                     "True" | "true" | "1" => true,
                     "False" | "false" | "0" => false,
                     _ => return Err(invalid(key, value, "True or False")),
+                };
+            }
+            "segment_sizing" => {
+                self.segment_sizing = match value {
+                    "grow" => SegmentSizing::Grow,
+                    "pytorch" => SegmentSizing::Pytorch,
+                    _ => return Err(invalid(key, value, "grow or pytorch")),
                 };
             }
             "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" => {

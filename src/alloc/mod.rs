@@ -54,7 +54,7 @@ pub use observers::{ObserverReport, ObserverThread, OomObserver};
 pub use report::{
     CacheState, HeldGroup, MemoryPoint, MemoryReport, OversizedRequest, Verdict, segment_rules,
 };
-pub use size::{PoolKind, round_size, segment_size};
+pub use size::{PoolKind, SegmentSizing, round_size, segment_size};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
 pub use stack::{Frame, Stack, StackResolver};
 #[cfg(feature = "runtime")]

@@ -12,8 +12,8 @@
 //!    each layer, how fragmented the engine's free memory is, what `empty_cache` would give
 //!    back now, and which configuration key would keep less.
 //! 3. **One request reserving much more than it asked**: the rounding and segment rules
-//!    (PyTorch's, `size.rs`) made a new segment much larger than the request. The report names
-//!    the rule for the requests where it cost the most.
+//!    (`size.rs`) made a new segment much larger than the request. The report names the rule
+//!    for the requests where it cost the most, with the segment each such request sits in.
 //!
 //! [`MemoryPoint`] is one reading (the engine's snapshot plus what the layer above it says is
 //! live and cached); [`MemoryReport::between`] compares two, [`MemoryReport::at`] reads one.
@@ -25,7 +25,7 @@ use super::block::BlockState;
 use super::config::AllocatorConfig;
 use super::size::{
     LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, PoolKind, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
-    round_size, segment_size,
+    SegmentSizing, round_size, segment_size,
 };
 use super::snapshot::Snapshot;
 use super::stack::{Frame, Stack, StackResolver};
@@ -144,7 +144,7 @@ pub struct OversizedRequest {
     pub requested: u64,
     /// The block it got (the request rounded).
     pub block: u64,
-    /// The segment such a request makes when nothing cached fits.
+    /// The largest segment a live block of this size sits in (at most what the rules give).
     pub segment: u64,
     /// How many live blocks asked for this size.
     pub count: usize,
@@ -315,7 +315,10 @@ fn cache_state(now: &MemoryPoint) -> CacheState {
     }
 }
 
-/// The rules that turn a request of `requested` bytes into its block and its new segment.
+/// The rules that turn a request of `requested` bytes into its block and its new segment:
+/// `(block, segment, rules)`. Under [`SegmentSizing::Grow`] a mid-size request's segment
+/// depends on what the large pool already reserves; `segment` is then the largest the rule
+/// gives (20 MiB).
 pub fn segment_rules(requested: u64, config: &AllocatorConfig) -> (u64, u64, Vec<String>) {
     let block = round_size(requested.max(1), &config.roundup_power2_divisions);
     let mut rules = Vec::new();
@@ -331,7 +334,7 @@ pub fn segment_rules(requested: u64, config: &AllocatorConfig) -> (u64, u64, Vec
     let segment = if config.expandable_segments {
         block.div_ceil(ROUND_LARGE) * ROUND_LARGE
     } else {
-        segment_size(block)
+        segment_size(block, config.segment_sizing, u64::MAX)
     };
     if config.expandable_segments {
         rules.push(format!(
@@ -346,11 +349,20 @@ pub fn segment_rules(requested: u64, config: &AllocatorConfig) -> (u64, u64, Vec
             format_bytes(SMALL_SIZE),
             format_bytes(SMALL_BUFFER)
         ));
-    } else if block < MIN_LARGE_ALLOC {
+    } else if block < MIN_LARGE_ALLOC && config.segment_sizing == SegmentSizing::Pytorch {
         rules.push(format!(
             "a large request under {} gets a {} segment (shared by later requests of that \
-             range)",
+             range; segment_sizing:pytorch)",
             format_bytes(MIN_LARGE_ALLOC),
+            format_bytes(LARGE_BUFFER)
+        ));
+    } else if block < MIN_LARGE_ALLOC {
+        rules.push(format!(
+            "a large request under {} gets a segment of an eighth of what the large pool \
+             already reserves, at least the request rounded up to {} and at most {} (shared \
+             by later requests of that range; segment_sizing:grow)",
+            format_bytes(MIN_LARGE_ALLOC),
+            format_bytes(ROUND_LARGE),
             format_bytes(LARGE_BUFFER)
         ));
     } else {
@@ -366,17 +378,25 @@ pub fn segment_rules(requested: u64, config: &AllocatorConfig) -> (u64, u64, Vec
 }
 
 fn oversized(snapshot: &Snapshot) -> Vec<OversizedRequest> {
-    let mut sizes: BTreeMap<u64, usize> = BTreeMap::new();
-    for block in snapshot.segments.iter().flat_map(|s| &s.blocks) {
-        // Small-pool segments (2 MiB) are shared by every small request by design.
-        if block.state == BlockState::ActiveAllocated && block.requested_size > SMALL_SIZE {
-            *sizes.entry(block.requested_size).or_default() += 1;
+    // Requested size -> (live blocks, the largest segment one sits in).
+    let mut sizes: BTreeMap<u64, (usize, u64)> = BTreeMap::new();
+    for segment in &snapshot.segments {
+        for block in &segment.blocks {
+            // Small-pool segments (2 MiB) are shared by every small request by design.
+            if block.state == BlockState::ActiveAllocated && block.requested_size > SMALL_SIZE {
+                let entry = sizes.entry(block.requested_size).or_default();
+                entry.0 += 1;
+                entry.1 = entry.1.max(segment.total_size);
+            }
         }
     }
     let mut found: Vec<OversizedRequest> = sizes
         .into_iter()
-        .filter_map(|(requested, count)| {
-            let (block, segment, rules) = segment_rules(requested, &snapshot.config);
+        .filter_map(|(requested, (count, sits_in))| {
+            // An expandable range is address space, not what the request made: the rule's
+            // segment bounds what is charged to it.
+            let (block, rule_segment, rules) = segment_rules(requested, &snapshot.config);
+            let segment = sits_in.min(rule_segment);
             let excess = segment.saturating_sub(requested);
             (excess >= OVERSIZE_MIN_BYTES && excess >= requested / OVERSIZE_SHARE).then_some(
                 OversizedRequest {
@@ -498,7 +518,7 @@ mod tests {
 
     #[test]
     fn segment_rules_follow_pytorchs_round_size_and_get_allocation_size() {
-        let config = AllocatorConfig::default();
+        let mut config = AllocatorConfig::default();
         // cubecl issue 1614: 6 x 512 x 50257 f32.
         let requested = 6 * 512 * 50257 * 4;
         let (block, segment, rules) = segment_rules(requested, &config);
@@ -506,7 +526,13 @@ mod tests {
         assert_eq!(segment, requested.div_ceil(2 * MIB) * 2 * MIB);
         assert_eq!(segment, 590 * MIB);
         assert_eq!(rules.len(), 1, "{rules:?}");
-        let (block, segment, _) = segment_rules(MIB + 1, &config);
+        // Mid-size: 20 MiB at most under the default, always under PyTorch's rule.
+        let (block, segment, rules) = segment_rules(MIB + 1, &config);
         assert_eq!((block, segment), (MIB + 512, 20 * MIB));
+        assert!(rules[0].contains("segment_sizing:grow"), "{rules:?}");
+        config.segment_sizing = SegmentSizing::Pytorch;
+        let (block, segment, rules) = segment_rules(MIB + 1, &config);
+        assert_eq!((block, segment), (MIB + 512, 20 * MIB));
+        assert!(rules[0].contains("segment_sizing:pytorch"), "{rules:?}");
     }
 }

@@ -11,9 +11,20 @@ use burn_caching_alloc::device::sim::SimDevice;
 pub const S0: StreamId = StreamId(0);
 pub const S1: StreamId = StreamId(1);
 
+/// An allocator over a simulated device of `capacity` bytes, configured by `config` under
+/// PyTorch's segment rule (`segment_sizing:pytorch`) unless `config` names `segment_sizing`:
+/// the engine tests check PyTorch's layouts by number; `rounding.rs` and the property tests
+/// check the default's grown segments.
 pub fn allocator(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, SimDevice) {
     let device = SimDevice::new(capacity);
-    let config = AllocatorConfig::parse(config).expect("test config parses");
+    let config = if config.contains("segment_sizing") {
+        config.to_string()
+    } else if config.is_empty() {
+        "segment_sizing:pytorch".to_string()
+    } else {
+        format!("{config},segment_sizing:pytorch")
+    };
+    let config = AllocatorConfig::parse(&config).expect("test config parses");
     (CachingAllocator::new(device.clone(), config), device)
 }
 

@@ -94,6 +94,8 @@ fn rejects_malformed_unknown_and_out_of_range_values() {
         ("max_split_size_mb:128,max_split_size_mb:256", "duplicate"),
         ("max_splt_size_mb:128", "typo"),
         ("expandable_segments:maybe", "not True or False"),
+        ("segment_sizing:Grow", "names are lower case"),
+        ("segment_sizing:20", "not a rule name"),
         ("release_lock_on_cudamalloc:True", "unsupported mode"),
     ];
     for (text, why) in cases {
@@ -102,6 +104,37 @@ fn rejects_malformed_unknown_and_out_of_range_values() {
             "`{text}` ({why}) must be rejected"
         );
     }
+}
+
+#[test]
+fn segment_sizing_names_the_rule_and_old_files_read_as_pytorch() {
+    use burn_caching_alloc::alloc::SegmentSizing;
+    assert_eq!(
+        AllocatorConfig::parse("segment_sizing:pytorch")
+            .unwrap()
+            .segment_sizing,
+        SegmentSizing::Pytorch
+    );
+    assert_eq!(
+        AllocatorConfig::parse("segment_sizing:grow")
+            .unwrap()
+            .segment_sizing,
+        SegmentSizing::Grow
+    );
+    assert_eq!(
+        AllocatorConfig::parse("segment_sizing:fast").unwrap_err(),
+        ConfigError::InvalidValue {
+            key: "segment_sizing".into(),
+            value: "fast".into(),
+            expected: "grow or pytorch".into(),
+        }
+    );
+    // A configuration serialised before the key existed (in a snapshot) used PyTorch's rule.
+    let mut json = serde_json::to_value(AllocatorConfig::default()).unwrap();
+    assert_eq!(json["segment_sizing"], "grow");
+    json.as_object_mut().unwrap().remove("segment_sizing");
+    let old: AllocatorConfig = serde_json::from_value(json).unwrap();
+    assert_eq!(old.segment_sizing, SegmentSizing::Pytorch);
 }
 
 #[test]

@@ -14,19 +14,20 @@ const S1: StreamId = StreamId(1);
 fn drop_returns_every_segment_without_a_live_block() {
     let device = SimDevice::new(1 << 34);
     let alloc = CachingAllocator::new(Metered::new(device.clone()), AllocatorConfig::default());
-    // Three segments: a small one (2 MiB), a shared large one (20 MiB), one of its own (64 MiB).
+    // Three segments: a small one (2 MiB), a mid-size one (the 5 MiB request rounded to 6 MiB:
+    // the default `segment_sizing:grow` on an empty pool), one of its own (64 MiB).
     let small = alloc.malloc(1000, S0).unwrap();
     let mid = alloc.malloc(5 * MIB, S0).unwrap();
     let big = alloc.malloc(64 * MIB, S0).unwrap();
     assert_eq!(device.live_segments().len(), 3);
     alloc.free(small).unwrap();
     alloc.free(big).unwrap();
-    // `mid` stays live: its 20 MiB segment cannot be returned.
+    // `mid` stays live: its 6 MiB segment cannot be returned.
     let mid_segment = mid.address() - mid.offset();
     drop(alloc);
     assert_eq!(
         device.live_segments(),
-        vec![(mid_segment, 20 * MIB)],
+        vec![(mid_segment, 6 * MIB)],
         "only the live block's segment is left on the device"
     );
     assert_eq!(device.counters().frees, 2);

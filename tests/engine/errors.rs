@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 
-use burn_caching_alloc::alloc::{AllocError, CachingAllocator, Snapshot, Trace, TraceEvent};
+use burn_caching_alloc::alloc::{
+    AllocError, AllocatorConfig, CachingAllocator, Snapshot, Trace, TraceEvent,
+};
 use burn_caching_alloc::device::DeviceError;
 use burn_caching_alloc::device::sim::{INJECTED_FAILURE, SimCall, SimDevice};
 
@@ -56,7 +58,8 @@ fn a_size_beyond_the_device_counts_as_an_oom() {
 #[test]
 fn a_device_buffer_limit_caps_segments_and_rejects_larger_requests() {
     let device = SimDevice::new(1024 * MIB).with_max_segment_size(16 * MIB);
-    let alloc = CachingAllocator::new(device.clone(), Default::default());
+    let config = AllocatorConfig::parse("segment_sizing:pytorch").unwrap();
+    let alloc = CachingAllocator::new(device.clone(), config);
     // 5 MiB would take a 20 MiB segment: the segment shrinks to the request.
     let a = alloc.malloc(5 * MIB, S0).unwrap();
     assert_eq!(device.live_segments()[0].1, 5 * MIB);

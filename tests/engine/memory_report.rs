@@ -28,7 +28,9 @@ fn keeps_activations(
 
 #[test]
 fn growing_live_bytes_is_reported_as_held_tensors_with_sizes_and_stacks() {
-    let alloc = allocator("");
+    // PyTorch's segments, so that the 5 MiB block is split off a 20 MiB segment (under the
+    // default its 6 MiB segment would be one 6 MiB block).
+    let alloc = allocator("segment_sizing:pytorch");
     alloc.record_memory_history(HistoryOptions::default());
     let stream = StreamId::default();
     let steady = alloc.malloc(5 * MIB, stream).expect("fits");
@@ -79,18 +81,19 @@ fn reserved_growing_while_live_bytes_are_flat_is_the_cache() {
 
     assert_eq!(report.verdict(), Verdict::Cache);
     assert_eq!(report.allocated, (0, 0));
-    // 30 MiB rounded to 2 MiB gets its own segment; 4 MiB takes a 20 MiB one.
-    assert_eq!(report.reserved, (0, 50 * MIB));
+    // 30 MiB rounded to 2 MiB gets its own segment; 4 MiB takes one of 4 MiB (an eighth of
+    // the 30 MiB the large pool holds, rounded up to 2 MiB: `segment_sizing:grow`).
+    assert_eq!(report.reserved, (0, 34 * MIB));
     assert!(report.held.is_empty());
     let cache = &report.cache;
-    assert_eq!(cache.cached_in_engine, 50 * MIB);
+    assert_eq!(cache.cached_in_engine, 34 * MIB);
     assert_eq!(cache.largest_free_block, 30 * MIB);
-    assert_eq!(cache.releasable, 50 * MIB, "both segments are empty");
-    assert!((cache.fragmentation - (1.0 - 30.0 / 50.0)).abs() < 1e-9);
+    assert_eq!(cache.releasable, 34 * MIB, "both segments are empty");
+    assert!((cache.fragmentation - (1.0 - 30.0 / 34.0)).abs() < 1e-9);
     let text = report.to_string();
     assert!(text.starts_with("CACHE"), "{text}");
     assert!(
-        text.contains("empty_cache gives back at least 50.00 MiB"),
+        text.contains("empty_cache gives back at least 34.00 MiB"),
         "{text}"
     );
 
@@ -117,9 +120,10 @@ fn cubecl_1614_one_589_mib_tensor_reserves_the_request_rounded_to_2_mib() {
 
 #[test]
 fn a_request_reserving_much_more_than_it_asked_names_the_rule() {
-    // A 1.5 MiB request takes a fresh 20 MiB segment (PyTorch's kLargeBuffer for large
-    // requests under 10 MiB); with 2 power-of-two divisions a 600 MiB request becomes 768 MiB.
-    let alloc = allocator("roundup_power2_divisions:2");
+    // Under PyTorch's segment rule a 1.5 MiB request takes a fresh 20 MiB segment (its
+    // kLargeBuffer for large requests under 10 MiB); with 2 power-of-two divisions a 600 MiB
+    // request becomes 768 MiB.
+    let alloc = allocator("roundup_power2_divisions:2,segment_sizing:pytorch");
     let stream = StreamId::default();
     let mid = alloc.malloc(3 * MIB / 2, stream).expect("fits");
     let big = alloc.malloc(600 * MIB, stream).expect("fits");
@@ -152,6 +156,18 @@ fn a_request_reserving_much_more_than_it_asked_names_the_rule() {
     assert!(text.starts_with("OVERSIZED"), "{text}");
     println!("{text}");
 
+    alloc.free(mid).expect("live");
+    alloc.free(big).expect("live");
+
+    // The default rule (`segment_sizing:grow`) gives the first 1.5 MiB request a 2 MiB
+    // segment: only the rounding is reported.
+    let alloc = allocator("roundup_power2_divisions:2");
+    let mid = alloc.malloc(3 * MIB / 2, stream).expect("fits");
+    let big = alloc.malloc(600 * MIB, stream).expect("fits");
+    let report = MemoryReport::at(&point(&alloc));
+    assert_eq!(report.reserved.1, 2 * MIB + 768 * MIB);
+    assert_eq!(report.oversized.len(), 1, "{report}");
+    assert_eq!(report.oversized[0].requested, 600 * MIB);
     alloc.free(mid).expect("live");
     alloc.free(big).expect("live");
 }

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use burn_caching_alloc::alloc::{
     AllocError, Allocation, AllocatorConfig, BlockState, CachingAllocator, MemoryStats, PoolKind,
-    Snapshot, TraceEvent,
+    SegmentSizing, Snapshot, TraceEvent,
 };
 use burn_caching_alloc::device::DeviceError;
 use burn_caching_alloc::device::sim::{INJECTED_FAILURE, SimCall, SimCounters, SimDevice};
@@ -84,7 +84,9 @@ fn op() -> impl Strategy<Value = Op> {
 fn setup() -> impl Strategy<Value = (&'static str, Option<u64>)> {
     prop_oneof![
         Just(("", None)),
+        Just(("segment_sizing:pytorch", None)),
         Just(("", Some(48 * MIB))),
+        Just(("segment_sizing:pytorch", Some(48 * MIB))),
         Just(("max_split_size_mb:32", None)),
         Just(("max_split_size_mb:24", None)),
         Just(("garbage_collection_threshold:0.6", None)),
@@ -119,14 +121,19 @@ fn round_size(size: u64, divisions: u64) -> u64 {
     }
 }
 
-/// PyTorch's `get_allocation_size`.
-fn segment_size(rounded: u64) -> u64 {
+/// PyTorch's `get_allocation_size`, or with `grow` (`segment_sizing:grow`, the default) a
+/// mid-size segment of the request or an eighth of the large pool's reserved bytes,
+/// whichever is larger, each rounded up to 2 MiB, and at most 20 MiB.
+fn segment_size(rounded: u64, grow: bool, large_reserved: u64) -> u64 {
+    let two = |bytes: u64| bytes.div_ceil(2 * MIB) * 2 * MIB;
     if rounded <= MIB {
         2 * MIB
+    } else if rounded < 10 * MIB && grow {
+        two(rounded).max(two(large_reserved / 8)).min(20 * MIB)
     } else if rounded < 10 * MIB {
         20 * MIB
     } else {
-        rounded.div_ceil(2 * MIB) * 2 * MIB
+        two(rounded)
     }
 }
 
@@ -152,6 +159,8 @@ struct Model {
     max_split: u64,
     max_non_split_rounding: u64,
     divisions: u64,
+    /// `segment_sizing:grow`: mid-size segments grow with the large pool.
+    grow_segments: bool,
     gc_threshold: bool,
     max_segment: Option<u64>,
     fraction: Option<f64>,
@@ -183,6 +192,7 @@ impl Model {
             max_split: config.max_split_size.unwrap_or(u64::MAX),
             max_non_split_rounding: config.max_non_split_rounding,
             divisions,
+            grow_segments: config.segment_sizing == SegmentSizing::Grow,
             gc_threshold: config.garbage_collection_threshold.is_some(),
             max_segment,
             fraction: config.memory_fraction,
@@ -380,7 +390,11 @@ fn predict(model: &Model, snapshot: &Snapshot, size: u64, stream: u64) -> Expect
     if rounded > CAPACITY {
         return Expect::TooLarge;
     }
-    let mut segment = segment_size(rounded);
+    let mut segment = segment_size(
+        rounded,
+        model.grow_segments,
+        snapshot.stats.reserved_bytes.large_pool.current,
+    );
     if let Some(max) = model.max_segment
         && segment > max
     {

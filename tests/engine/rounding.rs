@@ -1,8 +1,10 @@
 //! Request sizes: 512-byte rounding, power-of-two divisions, pool routing, segment sizes.
 
 use burn_caching_alloc::alloc::{
-    AllocatorConfig, KIB, MIB, PoolKind, RoundupDivisions, round_size, segment_size,
+    AllocatorConfig, KIB, MIB, PoolKind, RoundupDivisions, SegmentSizing, round_size, segment_size,
 };
+
+use crate::common::{A, F, S0, allocator, layout};
 
 #[test]
 fn sizes_round_to_512_and_route_to_their_pool() {
@@ -33,11 +35,93 @@ fn sizes_round_to_512_and_route_to_their_pool() {
             "pool of a {request}-byte request"
         );
         assert_eq!(
-            segment_size(rounded),
+            segment_size(rounded, SegmentSizing::Pytorch, 0),
             segment,
             "segment for a {request}-byte request"
         );
     }
+}
+
+/// `segment_sizing:grow` (the default) changes one row of PyTorch's `get_allocation_size`:
+/// a mid-size block's segment is the block or an eighth of the large pool's reserved bytes,
+/// whichever is larger, each rounded up to 2 MiB, and at most 20 MiB. The small pool and
+/// blocks of 10 MiB and more are PyTorch's.
+#[test]
+fn grown_segments_follow_an_eighth_of_the_large_pool_up_to_20_mib() {
+    let grow = SegmentSizing::Grow;
+    // (block, large pool reserved, new segment)
+    let table = [
+        (MIB + 512, 0, 2 * MIB),
+        (MIB + 512, 16 * MIB, 2 * MIB),
+        (MIB + 512, 16 * MIB + 8, 4 * MIB),
+        (MIB + 512, 100 * MIB, 14 * MIB),
+        (MIB + 512, 152 * MIB, 20 * MIB),
+        (MIB + 512, 160 * MIB, 20 * MIB),
+        (MIB + 512, 10_000 * MIB, 20 * MIB),
+        (5 * MIB, 0, 6 * MIB),
+        (5 * MIB, 40 * MIB, 6 * MIB),
+        (10 * MIB - 512, 0, 10 * MIB),
+        (10 * MIB - 512, 200 * MIB, 20 * MIB),
+        // Not mid-size: the reserved bytes do not matter.
+        (MIB, 1000 * MIB, 2 * MIB),
+        (10 * MIB, 1000 * MIB, 10 * MIB),
+        (21 * MIB, 0, 22 * MIB),
+    ];
+    for (block, reserved, segment) in table {
+        assert_eq!(
+            segment_size(block, grow, reserved),
+            segment,
+            "grow: block {block}, large pool {reserved}"
+        );
+        let pytorch = segment_size(block, SegmentSizing::Pytorch, reserved);
+        let expected = if block > MIB && block < 10 * MIB {
+            20 * MIB
+        } else {
+            segment
+        };
+        assert_eq!(pytorch, expected, "pytorch: block {block}");
+    }
+    assert_eq!(SegmentSizing::default(), grow);
+    assert_eq!(AllocatorConfig::default().segment_sizing, grow);
+}
+
+/// Through the engine (`Engine::malloc`): on an empty pool, 3 MiB requests each take a 4 MiB
+/// segment of their own (the 1 MiB rest stays in the block: PyTorch's `should_split` splits a
+/// large block only for a rest over 1 MiB) while an eighth of the pool is at most 4 MiB; the
+/// tenth, with 36 MiB reserved, takes a 6 MiB segment (4.5 MiB rounded up to 2 MiB) and leaves
+/// 3 MiB free in it, which the eleventh takes. PyTorch's rule makes a 20 MiB segment for six
+/// of them and a second for the other five.
+#[test]
+fn mid_size_segments_grow_with_an_eighth_of_the_large_pool() {
+    let request = 3 * MIB;
+    let (alloc, _device) = allocator(1024 * MIB, "segment_sizing:grow");
+    let _held: Vec<_> = (0..11)
+        .map(|_| alloc.malloc(request, S0).unwrap())
+        .collect();
+    let mut sizes: Vec<u64> = alloc
+        .snapshot()
+        .segments
+        .iter()
+        .map(|s| s.total_size)
+        .collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [vec![4 * MIB; 9], vec![6 * MIB]].concat());
+    let stats = alloc.stats();
+    assert_eq!(stats.memory_reserved(), 42 * MIB);
+    assert_eq!(stats.memory_allocated(), 9 * 4 * MIB + 2 * request);
+
+    let (alloc, _device) = allocator(1024 * MIB, "segment_sizing:pytorch");
+    let _held: Vec<_> = (0..11)
+        .map(|_| alloc.malloc(request, S0).unwrap())
+        .collect();
+    assert_eq!(
+        layout(&alloc),
+        [
+            [vec![(request, A); 6], vec![(2 * MIB, F)]].concat(),
+            [vec![(request, A); 5], vec![(5 * MIB, F)]].concat(),
+        ]
+    );
+    assert_eq!(alloc.stats().memory_reserved(), 40 * MIB);
 }
 
 #[test]

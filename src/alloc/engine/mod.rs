@@ -376,7 +376,11 @@ impl<D: DeviceMemory> Engine<D> {
         {
             return Err(self.too_large(size, total, stream));
         }
-        let mut new_segment = segment_size(rounded);
+        let mut new_segment = segment_size(
+            rounded,
+            self.config.segment_sizing,
+            self.stats.reserved_bytes.large_pool.current,
+        );
         if let Some(max) = self.max_segment
             && new_segment > max
         {
