@@ -586,6 +586,20 @@ mod tests {
         );
     }
 
+    /// A stream's classes hold one vector per class size of the range and no more: the small
+    /// list 512 B to 2 MiB (4096 classes), the large one 1 MiB + 512 B to 32 MiB (63488
+    /// classes, the 1.5 MiB of vectors per stream that `LARGE_CLASS_LIMIT` is sized by).
+    #[test]
+    fn a_stream_gets_one_class_per_size_of_the_range() {
+        for (mut list, count, words) in [(small(), 4096, 64), (large(), 63488, 992)] {
+            list.insert(S1, 2 * MIB, 0, BlockId::for_test(1));
+            let classes = &list.classes[0];
+            assert_eq!(classes.blocks.len(), count);
+            assert_eq!(classes.occupied.len(), words);
+            assert_eq!(classes.summary.len(), words.div_ceil(64));
+        }
+    }
+
     /// A block listed twice would be handed out twice: debug builds stop at the second insert,
     /// in a class vector as in the map.
     #[test]
