@@ -493,6 +493,173 @@ mod tests {
         );
     }
 
+    /// A large-pool list of two streams whose blocks sit in several bitmap words and summary
+    /// words, one entry in the map; `check` passes on it.
+    fn sound() -> FreeList {
+        let mut list = large();
+        for (i, size) in [2 * MIB, 2 * MIB, 3 * MIB, 20 * MIB]
+            .into_iter()
+            .enumerate()
+        {
+            list.insert(S0, size, (i as u64 + 1) << 30, BlockId::for_test(i));
+        }
+        list.insert(S1, 5 * MIB, 1 << 40, BlockId::for_test(10));
+        list.insert(S0, 64 * MIB, 1 << 41, BlockId::for_test(11));
+        list.check().unwrap();
+        list
+    }
+
+    /// What `check` says of the sound list after `corrupt`.
+    fn check_after(corrupt: impl FnOnce(&mut FreeList)) -> String {
+        let mut list = sound();
+        corrupt(&mut list);
+        list.check().expect_err("the corruption is found")
+    }
+
+    /// The index of `size` in a stream's classes of the large list.
+    fn index(list: &FreeList, size: u64) -> usize {
+        (size / MIN_BLOCK_SIZE) as usize - list.classes[0].first
+    }
+
+    #[test]
+    fn check_finds_every_kind_of_corrupt_bookkeeping() {
+        assert_eq!(
+            check_after(|l| l.classes.swap(0, 1)),
+            "free list streams out of order: StreamId(1) before StreamId(0)"
+        );
+        assert_eq!(
+            check_after(|l| {
+                let i = index(l, 2 * MIB);
+                l.classes[0].blocks[i].swap(0, 1);
+            }),
+            "class 4096 of StreamId(0) not in address order"
+        );
+        assert_eq!(
+            check_after(|l| {
+                let i = index(l, 2 * MIB);
+                let first = l.classes[0].blocks[i][0];
+                l.classes[0].blocks[i][1] = first;
+            }),
+            "class 4096 of StreamId(0) not in address order",
+            "an address listed twice is out of order too"
+        );
+        // 3 MiB is index 4095 of the large list: word 63, the last of summary word 0.
+        assert_eq!(
+            check_after(|l| {
+                let i = index(l, 3 * MIB);
+                l.classes[0].blocks[i].clear();
+            }),
+            "class 6144 of StreamId(0): bitmap says true, 0 blocks"
+        );
+        assert_eq!(
+            check_after(|l| {
+                let i = index(l, 4 * MIB);
+                l.classes[0].occupied[i / 64] |= 1 << (i % 64);
+            }),
+            "class 8192 of StreamId(0): bitmap says true, 0 blocks"
+        );
+        assert_eq!(
+            check_after(|l| {
+                let i = index(l, 20 * MIB);
+                l.classes[0].occupied[i / 64] &= !(1 << (i % 64));
+            }),
+            "class 40960 of StreamId(0): bitmap says false, 1 blocks"
+        );
+        // 20 MiB is index 38911: word 607, bit 31 of summary word 9.
+        assert_eq!(
+            check_after(|l| l.classes[0].summary[9] = 0),
+            "summary bit of word 607 of StreamId(0) is false"
+        );
+        assert_eq!(
+            check_after(|l| l.classes[1].summary[9] |= 1 << 31),
+            "summary bit of word 607 of StreamId(1) is true"
+        );
+        assert_eq!(
+            check_after(|l| {
+                let key = Key {
+                    stream: S1,
+                    size: 6 * MIB,
+                    address: 1 << 42,
+                };
+                l.ordered.insert(key, BlockId::for_test(20));
+            }),
+            "size 6291456 kept in the map, not in its class"
+        );
+        assert_eq!(
+            check_after(|l| l.ordered_in_range += 1),
+            "0 map entries in the class range, counted 1"
+        );
+    }
+
+    /// A stream's classes hold one vector per class size of the range and no more: the small
+    /// list 512 B to 2 MiB (4096 classes), the large one 1 MiB + 512 B to 32 MiB (63488
+    /// classes, the 1.5 MiB of vectors per stream that `LARGE_CLASS_LIMIT` is sized by).
+    #[test]
+    fn a_stream_gets_one_class_per_size_of_the_range() {
+        for (mut list, count, words) in [(small(), 4096, 64), (large(), 63488, 992)] {
+            list.insert(S1, 2 * MIB, 0, BlockId::for_test(1));
+            let classes = &list.classes[0];
+            assert_eq!(classes.blocks.len(), count);
+            assert_eq!(classes.occupied.len(), words);
+            assert_eq!(classes.summary.len(), words.div_ceil(64));
+        }
+    }
+
+    /// A block listed twice would be handed out twice: debug builds stop at the second insert,
+    /// in a class vector as in the map.
+    #[test]
+    #[cfg(debug_assertions)]
+    fn inserting_a_listed_address_again_is_caught() {
+        for size in [2 * MIB, 64 * MIB] {
+            let twice = std::panic::catch_unwind(|| {
+                let mut list = large();
+                list.insert(S0, size, 1 << 30, BlockId::for_test(1));
+                list.insert(S0, size, 1 << 31, BlockId::for_test(2));
+                list.insert(S0, size, 1 << 30, BlockId::for_test(3));
+            });
+            let message = twice.expect_err("the second insert panics");
+            assert_eq!(
+                message.downcast_ref::<&str>(),
+                Some(&"block inserted twice in a free list"),
+                "size {size}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_map_counts_its_entries_in_the_class_range() {
+        // Sizes no class holds although they lie in the class range: below `min_size` or
+        // between classes. Best fit must then look in the map too.
+        let mut list = large();
+        list.insert(S0, 4 * MIB, 1 << 30, BlockId::for_test(1));
+        list.insert(S0, 3 * MIB + 1, 1 << 31, BlockId::for_test(2));
+        list.insert(S0, 512, 1 << 32, BlockId::for_test(3));
+        list.insert(S0, 64 * MIB, 1 << 33, BlockId::for_test(4));
+        assert_eq!(list.ordered_in_range, 2);
+        list.check().unwrap();
+        assert_eq!(
+            list.best_fit(S0, 2 * MIB),
+            Some((3 * MIB + 1, BlockId::for_test(2)))
+        );
+        assert_eq!(list.best_fit(S0, 1), Some((512, BlockId::for_test(3))));
+        assert_eq!(
+            list.remove(S0, 3 * MIB + 1, 1 << 31),
+            Some(BlockId::for_test(2))
+        );
+        assert_eq!(
+            list.remove(S0, 64 * MIB, 1 << 33),
+            Some(BlockId::for_test(4))
+        );
+        assert_eq!(
+            list.ordered_in_range, 1,
+            "an entry beyond the range was not counted"
+        );
+        assert_eq!(list.remove(S0, 512, 1 << 32), Some(BlockId::for_test(3)));
+        assert_eq!(list.ordered_in_range, 0);
+        list.check().unwrap();
+        assert_eq!(list.best_fit(S0, 1), Some((4 * MIB, BlockId::for_test(1))));
+    }
+
     /// The reference: PyTorch's rule written out plainly, a list searched in full. Best fit
     /// is the smallest block of the stream that is large enough, the lowest address among
     /// equals (PyTorch's `BlockComparatorSize` order: stream, size, address).
@@ -518,6 +685,15 @@ mod tests {
             self.blocks
                 .iter()
                 .filter(|&&(s, z, _, _)| s == stream && z >= size)
+                .min_by_key(|&&(_, z, a, _)| (z, a))
+                .map(|&(_, z, _, b)| (z, b))
+        }
+
+        /// The block after (`size`, `address`) in (size, address) order, of the same stream.
+        fn next_after(&self, stream: DeviceStream, size: u64, address: u64) -> Option<(u64, BlockId)> {
+            self.blocks
+                .iter()
+                .filter(|&&(s, z, a, _)| s == stream && (z, a) > (size, address))
                 .min_by_key(|&&(_, z, a, _)| (z, a))
                 .map(|&(_, z, _, b)| (z, b))
         }
@@ -567,6 +743,18 @@ mod tests {
                 reference.best_fit(stream, want),
                 "step {step}: best fit of {want} on {stream:?}"
             );
+            // The engine asks for the block after a listed one, whose size is a multiple of
+            // `MIN_BLOCK_SIZE` (a size between classes is no origin the engine has).
+            if let Some(&(stream, size, address)) =
+                live.get(next(live.len().max(1) as u64) as usize)
+                && size.is_multiple_of(MIN_BLOCK_SIZE)
+            {
+                assert_eq!(
+                    classed.next_after(stream, size, address),
+                    reference.next_after(stream, size, address),
+                    "step {step}: the block after ({size}, {address}) on {stream:?}"
+                );
+            }
             if step % 500 == 0 {
                 classed.check().unwrap();
             }

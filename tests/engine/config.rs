@@ -221,3 +221,13 @@ fn history_capacity_is_capped_at_2_to_the_24() {
     );
     assert!(AllocatorConfig::parse("history_capacity:4294967296").is_err());
 }
+
+/// `SegmentSizing::name` is the config string's name: parsing it gives the rule back.
+#[test]
+fn each_segment_sizing_parses_from_its_name() {
+    use burn_caching_alloc::alloc::SegmentSizing;
+    for rule in [SegmentSizing::Grow, SegmentSizing::Pytorch] {
+        let config = AllocatorConfig::parse(&format!("segment_sizing:{}", rule.name()));
+        assert_eq!(config.unwrap().segment_sizing, rule, "{}", rule.name());
+    }
+}

@@ -221,3 +221,18 @@ fn roundup_list_fills_buckets_as_pytorch_parses_them() {
     assert_eq!(parse("128"), RoundupDivisions::uniform(128));
     assert_eq!(round_size(3 * MIB + 1, &parse("1")), 3 * MIB + 512);
 }
+
+/// The pools carry PyTorch's names, the ones `torch.cuda.memory_stats()` keys hold
+/// (`small_pool`, `large_pool`): each pool's bytes are found under its own name.
+#[test]
+fn each_pool_is_named_as_its_memory_stats_keys() {
+    use crate::common::{S0, allocator};
+    let (alloc, _device) = allocator(1024 * MIB, "");
+    let _small = alloc.malloc(1000, S0).unwrap();
+    let _large = alloc.malloc(3 * MIB, S0).unwrap();
+    let stats = alloc.stats().to_map();
+    for (pool, bytes) in [(PoolKind::Small, 1024), (PoolKind::Large, 3 * MIB)] {
+        let key = format!("allocated_bytes.{}.current", pool.stat_name());
+        assert_eq!(stats.get(&key), Some(&(bytes as i64)), "{key}");
+    }
+}
