@@ -525,14 +525,14 @@ mod tests {
     fn check_finds_every_kind_of_corrupt_bookkeeping() {
         assert_eq!(
             check_after(|l| l.classes.swap(0, 1)),
-            "free list streams out of order: StreamId(1) before StreamId(0)"
+            "free list streams out of order: DeviceStream(1) before DeviceStream(0)"
         );
         assert_eq!(
             check_after(|l| {
                 let i = index(l, 2 * MIB);
                 l.classes[0].blocks[i].swap(0, 1);
             }),
-            "class 4096 of StreamId(0) not in address order"
+            "class 4096 of DeviceStream(0) not in address order"
         );
         assert_eq!(
             check_after(|l| {
@@ -540,7 +540,7 @@ mod tests {
                 let first = l.classes[0].blocks[i][0];
                 l.classes[0].blocks[i][1] = first;
             }),
-            "class 4096 of StreamId(0) not in address order",
+            "class 4096 of DeviceStream(0) not in address order",
             "an address listed twice is out of order too"
         );
         // 3 MiB is index 4095 of the large list: word 63, the last of summary word 0.
@@ -549,30 +549,30 @@ mod tests {
                 let i = index(l, 3 * MIB);
                 l.classes[0].blocks[i].clear();
             }),
-            "class 6144 of StreamId(0): bitmap says true, 0 blocks"
+            "class 6144 of DeviceStream(0): bitmap says true, 0 blocks"
         );
         assert_eq!(
             check_after(|l| {
                 let i = index(l, 4 * MIB);
                 l.classes[0].occupied[i / 64] |= 1 << (i % 64);
             }),
-            "class 8192 of StreamId(0): bitmap says true, 0 blocks"
+            "class 8192 of DeviceStream(0): bitmap says true, 0 blocks"
         );
         assert_eq!(
             check_after(|l| {
                 let i = index(l, 20 * MIB);
                 l.classes[0].occupied[i / 64] &= !(1 << (i % 64));
             }),
-            "class 40960 of StreamId(0): bitmap says false, 1 blocks"
+            "class 40960 of DeviceStream(0): bitmap says false, 1 blocks"
         );
         // 20 MiB is index 38911: word 607, bit 31 of summary word 9.
         assert_eq!(
             check_after(|l| l.classes[0].summary[9] = 0),
-            "summary bit of word 607 of StreamId(0) is false"
+            "summary bit of word 607 of DeviceStream(0) is false"
         );
         assert_eq!(
             check_after(|l| l.classes[1].summary[9] |= 1 << 31),
-            "summary bit of word 607 of StreamId(1) is true"
+            "summary bit of word 607 of DeviceStream(1) is true"
         );
         assert_eq!(
             check_after(|l| {
@@ -690,7 +690,12 @@ mod tests {
         }
 
         /// The block after (`size`, `address`) in (size, address) order, of the same stream.
-        fn next_after(&self, stream: DeviceStream, size: u64, address: u64) -> Option<(u64, BlockId)> {
+        fn next_after(
+            &self,
+            stream: DeviceStream,
+            size: u64,
+            address: u64,
+        ) -> Option<(u64, BlockId)> {
             self.blocks
                 .iter()
                 .filter(|&&(s, z, a, _)| s == stream && (z, a) > (size, address))
