@@ -25,21 +25,21 @@ pub struct Stat {
 
 impl Stat {
     /// Adds `amount` to the current value, raising the peak if needed.
-    pub fn increase(&mut self, amount: u64) {
+    pub(crate) fn increase(&mut self, amount: u64) {
         self.current += amount;
         self.peak = self.peak.max(self.current);
         self.allocated += amount;
     }
 
     /// Subtracts `amount` from the current value.
-    pub fn decrease(&mut self, amount: u64) {
+    pub(crate) fn decrease(&mut self, amount: u64) {
         debug_assert!(self.current >= amount, "statistic would go negative");
         self.current = self.current.saturating_sub(amount);
         self.freed += amount;
     }
 
     /// Applies a signed change as an increase or a decrease.
-    pub fn change(&mut self, delta: i64) {
+    pub(crate) fn change(&mut self, delta: i64) {
         if delta >= 0 {
             self.increase(delta as u64);
         } else {
@@ -92,19 +92,19 @@ impl StatArray {
     }
 
     /// Increases `all` and `pool`'s statistic by `amount`.
-    pub fn increase(&mut self, pool: PoolKind, amount: u64) {
+    pub(crate) fn increase(&mut self, pool: PoolKind, amount: u64) {
         self.all.increase(amount);
         self.pool_mut(pool).increase(amount);
     }
 
     /// Decreases `all` and `pool`'s statistic by `amount`.
-    pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
+    pub(crate) fn decrease(&mut self, pool: PoolKind, amount: u64) {
         self.all.decrease(amount);
         self.pool_mut(pool).decrease(amount);
     }
 
     /// Applies a signed change to `all` and `pool`'s statistic.
-    pub fn change(&mut self, pool: PoolKind, delta: i64) {
+    pub(crate) fn change(&mut self, pool: PoolKind, delta: i64) {
         self.all.change(delta);
         self.pool_mut(pool).change(delta);
     }
@@ -199,12 +199,12 @@ impl MemoryStats {
     }
 
     /// Sets every peak to its current value.
-    pub fn reset_peak(&mut self) {
+    pub(crate) fn reset_peak(&mut self) {
         self.for_each_stat(Stat::reset_peak);
     }
 
     /// Zeroes every cumulative amount and counter.
-    pub fn reset_accumulated(&mut self) {
+    pub(crate) fn reset_accumulated(&mut self) {
         self.for_each_stat(Stat::reset_accumulated);
         for counter in &COUNTERS {
             *(counter.get_mut)(self) = 0;
