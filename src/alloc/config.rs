@@ -84,8 +84,12 @@ pub struct RoundupDivisions {
 }
 
 impl RoundupDivisions {
-    /// `n` divisions for every size.
+    /// `n` divisions for every size. Divisions are powers of two (the parser refuses any
+    /// other), so that every step between two powers of two is a multiple of 512 bytes and
+    /// every block stays aligned: an `n` that is not one is rounded down to one (3 gives 2);
+    /// 0 and 1 round nothing.
     pub fn uniform(n: u64) -> Self {
+        let n = if n <= 1 { n } else { 1 << n.ilog2() };
         Self {
             buckets: [n; DIVISION_BUCKETS],
         }

@@ -124,6 +124,25 @@ fn mid_size_segments_grow_with_an_eighth_of_the_large_pool() {
     assert_eq!(alloc.stats().memory_reserved(), 40 * MIB);
 }
 
+/// Built in code, a division count that is not a power of two is rounded down to one, so no
+/// block loses its 512-byte alignment (the parser refuses such a count outright).
+#[test]
+fn uniform_divisions_that_are_no_power_of_two_round_down_to_one() {
+    assert_eq!(RoundupDivisions::uniform(3), RoundupDivisions::uniform(2));
+    assert_eq!(
+        RoundupDivisions::uniform(1000),
+        RoundupDivisions::uniform(512)
+    );
+    assert_eq!(RoundupDivisions::uniform(0).for_size(MIB), 0);
+    assert_eq!(RoundupDivisions::uniform(1).for_size(MIB), 1);
+    let three = RoundupDivisions::uniform(3);
+    for size in [513 * 3, 5 * MIB + 7, 48 * MIB + 1, 3 * 1024 * MIB + 11] {
+        let rounded = round_size(size, &three);
+        assert_eq!(rounded % 512, 0, "{size} rounds to {rounded}");
+        assert!(rounded >= size);
+    }
+}
+
 #[test]
 fn power_of_two_divisions_round_to_the_next_step() {
     let four = RoundupDivisions::uniform(4);
