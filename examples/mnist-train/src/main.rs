@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn_caching_alloc::alloc::MIB;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use mnist::backend_choice::{cuda_device_present, unavailable_reason};
 use mnist::dataset::{MnistSet, Split, default_data_dir};
 use mnist::{BackendChoice, ModelKind};
@@ -27,8 +27,8 @@ struct Args {
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
     /// Classifier to train.
-    #[arg(long, value_enum, default_value_t = ModelArg::Mlp)]
-    model: ModelArg,
+    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    model: ModelKind,
     /// Passes over the training set.
     #[arg(long, default_value_t = 1)]
     epochs: usize,
@@ -75,21 +75,6 @@ struct Args {
     memory_stacks: bool,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum ModelArg {
-    Mlp,
-    Cnn,
-}
-
-impl From<ModelArg> for ModelKind {
-    fn from(m: ModelArg) -> Self {
-        match m {
-            ModelArg::Mlp => ModelKind::Mlp,
-            ModelArg::Cnn => ModelKind::Cnn,
-        }
-    }
-}
-
 fn main() -> ExitCode {
     // SAFETY: first thing in `main`, before any thread starts (see `mnist::headless`).
     let _runtime_dir = unsafe { mnist::headless::ensure_xdg_runtime_dir() };
@@ -118,7 +103,7 @@ fn run(args: Args) -> Result<(), String> {
     let valid =
         MnistSet::load(&data_dir, Split::Test, args.test_limit).map_err(|e| e.to_string())?;
     let config = TrainingConfig {
-        model: args.model.into(),
+        model: args.model,
         epochs: args.epochs,
         batch_size: args.batch_size,
         learning_rate: args.lr,

@@ -23,7 +23,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use mnist::backend_choice::{cuda_device_present, unavailable_reason};
 use mnist::dataset::{MnistSet, Split, default_data_dir};
 use mnist::progress::EpochProgress;
@@ -41,8 +41,8 @@ struct Args {
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
     /// Classifier to train.
-    #[arg(long, value_enum, default_value_t = ModelArg::Mlp)]
-    model: ModelArg,
+    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    model: ModelKind,
     /// Passes over the training set.
     #[arg(long, default_value_t = 1)]
     epochs: usize,
@@ -91,21 +91,6 @@ struct Args {
     /// With --memory-snapshot/--memory-viz: record a stack with every allocation.
     #[arg(long)]
     memory_stacks: bool,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum ModelArg {
-    Mlp,
-    Cnn,
-}
-
-impl From<ModelArg> for ModelKind {
-    fn from(m: ModelArg) -> Self {
-        match m {
-            ModelArg::Mlp => ModelKind::Mlp,
-            ModelArg::Cnn => ModelKind::Cnn,
-        }
-    }
 }
 
 fn main() -> ExitCode {
@@ -165,7 +150,7 @@ fn run(args: Args) -> Result<(), String> {
     let test =
         MnistSet::load(&data_dir, Split::Test, args.test_limit).map_err(|e| e.to_string())?;
     let config = TrainConfig {
-        model: args.model.into(),
+        model: args.model,
         epochs: args.epochs,
         batch_size: args.batch_size,
         learning_rate: args.lr,

@@ -10,8 +10,10 @@ use burn::prelude::*;
 
 use super::dataset::{IMAGE_PIXELS, IMAGE_SIDE, NUM_CLASSES};
 
-/// Which classifier to train.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// Which classifier to train (also the `--model` value of both MNIST binaries).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
     /// 784 -> 128 -> 10 perceptron with ReLU.
