@@ -4,12 +4,12 @@
 //! sizes) with history recording off, on without stacks, and on with a stack per allocation
 //! (`record_memory_history`): the cost of recording per allocation.
 
-use burn_caching_alloc::alloc::{
-    AllocatorConfig, CachingAllocator, HistoryOptions, MIB, StackContext,
-};
+use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, HistoryOptions, StackContext};
 use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+
+const MIB: u64 = 1 << 20;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 fn sizes(kind: &str, n: usize) -> Vec<u64> {

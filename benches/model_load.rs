@@ -8,7 +8,9 @@
 
 use std::sync::Arc;
 
-use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
+use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
+
+const MIB: u64 = 1 << 20;
 use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;
 use burn_caching_alloc::runtime::StreamMemory;

@@ -17,6 +17,7 @@
 //!
 //! The MNIST showcase (`examples/mnist`) and the trace replay benchmark (`replay/`) are
 //! workspace crates of their own, built on this API.
+#![warn(unnameable_types)]
 #![warn(missing_docs)]
 
 pub mod alloc;

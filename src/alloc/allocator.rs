@@ -9,7 +9,7 @@ use parking_lot::{Mutex, MutexGuard};
 use super::block::BlockId;
 use super::config::{AllocatorConfig, ConfigError, validate_memory_fraction};
 use super::engine::{Engine, MissPath};
-use super::error::AllocError;
+use super::error::{AllocError, InvariantViolation};
 use super::history::{HistoryOptions, Snapshot, StackContext, Trace};
 use super::inspect::{self, InspectError, ViewerLayer};
 use super::observers::{ObserverReport, ObserverThread, Observers, OomObserver};
@@ -367,8 +367,11 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// debugging: it walks everything (time linear in the blocks held). The error names the
     /// first disagreement found.
     #[doc(hidden)]
-    pub fn check_invariants(&self) -> Result<(), String> {
-        self.engine.lock().check_invariants()
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.engine
+            .lock()
+            .check_invariants()
+            .map_err(InvariantViolation::new)
     }
 
     /// A table of the statistics, like `torch.cuda.memory_summary()`.

@@ -129,6 +129,25 @@ impl std::fmt::Display for OomMessage<'_> {
     }
 }
 
+/// What [`CachingAllocator::check_invariants`](super::CachingAllocator::check_invariants)
+/// found: the first disagreement between the engine's structures, in words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}")]
+pub struct InvariantViolation {
+    what: String,
+}
+
+impl InvariantViolation {
+    pub(crate) fn new(what: String) -> Self {
+        InvariantViolation { what }
+    }
+
+    /// The disagreement: which structure, which block or statistic, what was expected.
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+}
+
 /// Why a request ran out of memory: what the allocator's free memory looked like.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

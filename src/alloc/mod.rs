@@ -37,14 +37,14 @@ mod size;
 mod stack;
 mod stats;
 mod summary;
-mod units;
+pub(crate) mod units;
 
 pub use allocator::{Allocation, CachingAllocator};
 pub use block::BlockState;
 #[cfg(feature = "runtime")]
 pub(crate) use config::CONFIG_ENV;
 pub use config::{AllocatorConfig, ConfigError, MAX_HISTORY_CAPACITY, RoundupDivisions};
-pub use error::{AllocError, OomAdvice, OomDiagnosis};
+pub use error::{AllocError, InvariantViolation, OomAdvice, OomDiagnosis};
 pub use history::inspect;
 pub use history::{
     BlockSnapshot, HistoryEntry, HistoryOptions, MAX_TRACE_BYTES, RecordMode, SegmentSnapshot,
@@ -61,4 +61,4 @@ pub(crate) use stats::signed;
 pub use stats::{MemoryStats, Stat, StatArray};
 #[cfg(feature = "runtime")]
 pub(crate) use summary::Summary;
-pub use units::{KIB, MIB, format_bytes};
+pub use units::format_bytes;

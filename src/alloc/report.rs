@@ -514,7 +514,7 @@ fn is_program_frame(frame: &Frame) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::MIB;
+    use crate::alloc::units::MIB;
 
     #[test]
     fn segment_rules_follow_pytorchs_round_size_and_get_allocation_size() {

@@ -40,6 +40,8 @@ pub trait CachingDevice: Device + sealed::Fused {
     }
 }
 
+// Sealed on purpose: users name `CachingDevice`, never the trait that keeps it closed.
+#[allow(unnameable_types)]
 pub(crate) mod sealed {
     /// Draining the fusion queue of a device (nothing to drain without the `fusion` feature).
     pub trait Fused {

@@ -35,7 +35,7 @@ use burn_train::metric::{
 use parking_lot::Mutex;
 
 use super::{CachingDevice, memory_stats, reset_peak_memory_stats};
-use crate::alloc::MIB;
+use crate::alloc::units::MIB;
 
 /// Which number of the device a [`CachingMemoryMetric`] shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -48,7 +48,6 @@ mod stats;
 pub use metric::{CachingMemoryMetric, MemoryMetrics, MemoryQuantity};
 pub use report::{memory_point, memory_report};
 
-pub use crate::runtime::CubeclLayerUsage;
 pub use configure::{ConfigureError, configure};
 pub use device::CachingDevice;
 pub use stats::CachingMemoryStats;

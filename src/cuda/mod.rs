@@ -36,7 +36,9 @@ mod staging;
 mod streams;
 mod virtual_memory;
 
-pub use driver::CudaDriver;
+pub use driver::{CudaDriver, CudaStream};
+pub use events::PooledEvent;
+pub use kernel::CudaKernel;
 pub use memory::CudaMemory;
 pub use probe::cuda_available;
 pub use runtime::CachingCudaRuntime;

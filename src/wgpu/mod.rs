@@ -11,7 +11,7 @@ mod memory;
 mod runtime;
 mod setup;
 
-pub use driver::WgpuDriver;
+pub use driver::{WgpuDriver, WgpuKernel, WgpuStream};
 pub use memory::WgpuMemory;
 pub use runtime::CachingWgpuRuntime;
 pub use setup::adapter_available;

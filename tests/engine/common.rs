@@ -4,7 +4,10 @@
 use burn_caching_alloc::alloc::{
     AllocatorConfig, BlockState, CachingAllocator, MemoryStats, PoolKind, Snapshot, Stat, StatArray,
 };
-pub use burn_caching_alloc::alloc::{KIB, MIB};
+/// 1024 bytes.
+pub const KIB: u64 = 1024;
+/// 1024 KiB.
+pub const MIB: u64 = 1024 * KIB;
 pub use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;
 

@@ -1,7 +1,8 @@
 //! The configuration string: good values, bad values, and what the errors say.
 
+use crate::common::MIB;
 use burn_caching_alloc::alloc::{
-    AllocatorConfig, ConfigError, HistoryOptions, MIB, RecordMode, RoundupDivisions,
+    AllocatorConfig, ConfigError, HistoryOptions, RecordMode, RoundupDivisions,
 };
 
 use crate::child::in_child;

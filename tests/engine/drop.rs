@@ -2,7 +2,9 @@
 //! segments that still hold a live allocation, or a block whose stream event failed: what is
 //! left is read from the simulated device itself, not from the dropped allocator.
 
-use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
+use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
+
+use crate::common::MIB;
 use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::metered::Metered;
 use burn_caching_alloc::device::sim::{SimCall, SimDevice};

@@ -1,8 +1,9 @@
 //! "Leak or cache?" on the engine alone (`MemoryReport`, simulated device): each of the three
 //! symptoms reproduced and told apart, with exact numbers.
 
+use crate::common::MIB;
 use burn_caching_alloc::alloc::{
-    AllocatorConfig, CachingAllocator, HistoryOptions, MIB, MemoryPoint, MemoryReport, Verdict,
+    AllocatorConfig, CachingAllocator, HistoryOptions, MemoryPoint, MemoryReport, Verdict,
 };
 use burn_caching_alloc::device::{DeviceStream, sim::SimDevice};
 

@@ -1,7 +1,8 @@
 //! Request sizes: 512-byte rounding, power-of-two divisions, pool routing, segment sizes.
 
+use crate::common::{KIB, MIB};
 use burn_caching_alloc::alloc::{
-    AllocatorConfig, KIB, MIB, PoolKind, RoundupDivisions, SegmentSizing, round_size, segment_size,
+    AllocatorConfig, PoolKind, RoundupDivisions, SegmentSizing, round_size, segment_size,
 };
 
 use crate::common::{A, F, S0, allocator, layout};

@@ -2,6 +2,7 @@
 //! on the wgpu CPU adapter (lavapipe in CI): the memory API drains the fusion queue first, and
 //! its numbers mean what PyTorch's mean: "allocated" is what live tensors hold, everywhere.
 
+use crate::MIB;
 use burn::backend::Autodiff;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -9,7 +10,7 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_caching_alloc::alloc::{BlockState, MIB, format_bytes};
+use burn_caching_alloc::alloc::{BlockState, format_bytes};
 use burn_caching_alloc::backend::{self, CachingMemoryStats, CachingWgpu};
 
 use crate::support::lavapipe::cpu_device;

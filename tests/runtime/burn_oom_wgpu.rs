@@ -3,9 +3,10 @@
 //! the allocator's numbers, after the server handed every free slice back and the engine freed
 //! its cache; the server then keeps computing correctly.
 
+use crate::MIB;
 use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::{Tensor, TensorData};
-use burn_caching_alloc::alloc::{MIB, format_bytes};
+use burn_caching_alloc::alloc::format_bytes;
 use burn_caching_alloc::backend::{self, CachingWgpu};
 
 use crate::support::lavapipe::cpu_device;

@@ -8,9 +8,10 @@
 
 use std::ffi::OsStr;
 
+use crate::MIB;
 use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::Tensor;
-use burn_caching_alloc::alloc::{AllocatorConfig, ConfigError, MIB};
+use burn_caching_alloc::alloc::{AllocatorConfig, ConfigError};
 use burn_caching_alloc::backend::{self, CachingWgpu, ConfigureError};
 
 use crate::support::child::in_child;

@@ -5,7 +5,7 @@
 //! Ignored without a GPU ("needs a CUDA device"); `scripts/gpu-check.sh` runs them
 //! (`test-runtime`, `--include-ignored`). Each opens a `CudaMemory` of its own.
 
-use burn_caching_alloc::alloc::MIB;
+use crate::MIB;
 use burn_caching_alloc::cuda::{CudaMemory, cuda_available};
 use burn_caching_alloc::device::{DeviceError, DeviceMemory, DeviceStream};
 use cudarc::driver::result;

@@ -4,7 +4,8 @@
 //! `--include-ignored`. Run that way without CUDA, each prints why it skips.
 //! Each test opens a `CudaMemory` of its own: they share no engine, so they run in parallel.
 
-use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, MIB};
+use crate::MIB;
+use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
 use burn_caching_alloc::cuda::{CudaMemory, cuda_available};
 use burn_caching_alloc::device::{DeviceError, DeviceMemory, DeviceStream};
 use cudarc::driver::result;

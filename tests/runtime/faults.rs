@@ -5,7 +5,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use burn_caching_alloc::alloc::MIB;
+use crate::MIB;
 use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimCall;
 use burn_caching_alloc::runtime::{EngineStorage, StreamMemory};

@@ -229,7 +229,7 @@ fn under_fusion_stacks_name_burn_fusions_execution_not_the_model() {
 fn the_oom_snapshot_variable_writes_a_snapshot_at_the_first_out_of_memory() {
     use std::ffi::OsStr;
 
-    use burn_caching_alloc::alloc::MIB;
+    use crate::MIB;
 
     use crate::support::child::in_child;
 

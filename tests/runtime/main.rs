@@ -32,6 +32,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+/// 1 MiB, the unit the tests size tensors in.
+pub(crate) const MIB: u64 = 1 << 20;
+
 mod faults;
 mod storage;
 

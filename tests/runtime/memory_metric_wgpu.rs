@@ -2,9 +2,9 @@
 //! each value equals `memory_stats` read at the same point, the metrics of one update round
 //! share one reading, and the peaks are the peaks since the previous reading.
 
+use crate::MIB;
 use burn::data::dataloader::Progress;
 use burn::tensor::Tensor;
-use burn_caching_alloc::alloc::MIB;
 use burn_caching_alloc::backend::{self, CachingWgpuUnfused, MemoryMetrics};
 use burn_train::metric::{Metric, MetricMetadata, Numeric};
 

@@ -3,8 +3,9 @@
 //! request's reservation (cubecl issue 1614's vocabulary-sized logits, scaled down to fit
 //! lavapipe's 128 MiB binding limit).
 
+use crate::MIB;
 use burn::tensor::{Distribution, Tensor};
-use burn_caching_alloc::alloc::{HistoryOptions, MIB, Verdict};
+use burn_caching_alloc::alloc::{HistoryOptions, Verdict};
 use burn_caching_alloc::backend::{self, CachingWgpuUnfused};
 
 use crate::support::lavapipe::cpu_device;

@@ -6,10 +6,10 @@
 
 use std::sync::MutexGuard;
 
+use crate::MIB;
 use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_caching_alloc::alloc::MIB;
 use burn_caching_alloc::backend::{self, CachingWgpu, CachingWgpuUnfused};
 
 use crate::support::lavapipe::cpu_device;

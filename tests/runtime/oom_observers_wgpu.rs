@@ -8,9 +8,9 @@ use std::sync::mpsc::{Sender, channel};
 use std::sync::{Mutex, Once};
 use std::time::Duration;
 
+use crate::MIB;
 use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::{Tensor, TensorData};
-use burn_caching_alloc::alloc::MIB;
 use burn_caching_alloc::backend::{self, CachingWgpuUnfused};
 
 use crate::support::lavapipe::cpu_device;

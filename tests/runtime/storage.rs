@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::MIB;
 use burn_caching_alloc::alloc::{
-    AllocError, AllocatorConfig, CachingAllocator, HistoryOptions, MIB, TraceEvent,
+    AllocError, AllocatorConfig, CachingAllocator, HistoryOptions, TraceEvent,
 };
 use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;

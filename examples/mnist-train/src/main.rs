@@ -11,7 +11,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use burn_caching_alloc::alloc::MIB;
+const MIB: u64 = 1 << 20;
+
 use clap::Parser;
 use mnist::backend_choice::{cuda_device_present, unavailable_reason};
 use mnist::dataset::{MnistSet, Split, default_data_dir};

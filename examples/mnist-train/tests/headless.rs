@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use burn::backend::Autodiff;
 use burn::backend::wgpu::WgpuDevice;
-use burn_caching_alloc::alloc::{MIB, Snapshot};
+use burn_caching_alloc::alloc::Snapshot;
+
+const MIB: u64 = 1 << 20;
 use burn_caching_alloc::backend::{
     self, CachingMemoryMetric, CachingMemoryStats, CachingWgpu, MemoryMetrics, MemoryQuantity,
 };

@@ -70,6 +70,11 @@ pub struct Snapshot {
     /// The configuration the allocator runs with.
     pub config: AllocatorConfig,
     /// The recorded events (the trace the replay reads), when a trace is recorded.
+    ///
+    /// `trace` and `history` are two views of one recording (the recorder's one ring, see
+    /// [`record_memory_history`](crate::alloc::CachingAllocator::record_memory_history)), not
+    /// two recordings: each event of `trace` that PyTorch has a name for is one entry of
+    /// `history`. One file carries both so that the replay and the viewer read the same one.
     pub trace: Option<Trace>,
     /// The same events in PyTorch's terms (timestamps, addresses, stacks), oldest first.
     #[serde(default)]
