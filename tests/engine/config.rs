@@ -2,7 +2,7 @@
 
 use crate::common::MIB;
 use burn_caching_alloc::alloc::{
-    AllocatorConfig, ConfigError, HistoryOptions, RecordMode, RoundupDivisions,
+    AllocatorConfig, ConfigError, HistoryOptions, RecordMode, RoundupDivisions, StackContext,
 };
 
 use crate::child::in_child;
@@ -231,4 +231,21 @@ fn each_segment_sizing_parses_from_its_name() {
         let config = AllocatorConfig::parse(&format!("segment_sizing:{}", rule.name()));
         assert_eq!(config.unwrap().segment_sizing, rule, "{}", rule.name());
     }
+}
+
+/// `history_options` reports the recording in force: the configuration's keys at start-up,
+/// then whatever `record_memory_history` last asked for, and off once it was stopped.
+#[test]
+fn history_options_follow_the_configuration_and_record_memory_history() {
+    let (alloc, _device) =
+        crate::common::allocator(1 << 30, "record_history:true,history_capacity:7");
+    assert_eq!(alloc.history_options(), HistoryOptions::trace(7));
+    let (plain, _device) = crate::common::allocator(1 << 30, "");
+    assert_eq!(plain.history_options(), HistoryOptions::off());
+
+    let with_stacks = HistoryOptions::trace(5).with_context(StackContext::Alloc);
+    plain.record_memory_history(with_stacks);
+    assert_eq!(plain.history_options(), with_stacks);
+    plain.record_memory_history(HistoryOptions::off());
+    assert_eq!(plain.history_options(), HistoryOptions::off());
 }

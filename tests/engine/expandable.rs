@@ -255,3 +255,33 @@ fn an_unmap_failing_half_way_splits_the_block_where_it_stopped() {
     assert_eq!(device.bytes_in_use(), 0);
     check_invariants(&alloc, &device);
 }
+
+/// A device without virtual memory cannot serve expandable segments: the engine refuses the
+/// configuration with `ConfigError::Unsupported` naming the key (one policy for a missing
+/// capability, issue 19), instead of serving ordinary segments under a key that says
+/// otherwise. The same device serves the configuration without the key.
+#[test]
+fn expandable_segments_are_refused_on_a_device_without_virtual_memory() {
+    use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, ConfigError};
+    use burn_caching_alloc::device::sim::SimDevice;
+
+    let expandable = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let err = CachingAllocator::new(
+        SimDevice::new(1 << 30).without_virtual_memory(),
+        expandable.clone(),
+    )
+    .err()
+    .expect("refused");
+    assert!(
+        matches!(&err, ConfigError::Unsupported { key, .. } if key == "expandable_segments"),
+        "{err:?}"
+    );
+    assert!(CachingAllocator::new(SimDevice::new(1 << 30), expandable).is_ok());
+    assert!(
+        CachingAllocator::new(
+            SimDevice::new(1 << 30).without_virtual_memory(),
+            AllocatorConfig::default()
+        )
+        .is_ok()
+    );
+}

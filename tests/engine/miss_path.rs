@@ -247,3 +247,21 @@ fn a_full_device_releases_the_largest_oversize_blocks_until_they_cover_the_reque
     alloc.free(keep).unwrap();
     check_invariants(&alloc, &device);
 }
+
+/// PyTorch's `setMemoryFraction`: a fraction of 1.0 sets no cap (the device's own memory is
+/// the limit), so the out-of-memory error names no limit; a fraction below one names its cap.
+#[test]
+fn a_memory_fraction_of_one_sets_no_limit() {
+    for (config, limit) in [
+        ("per_process_memory_fraction:1.0", None),
+        ("per_process_memory_fraction:0.75", Some(768 * MIB)),
+    ] {
+        let (alloc, _device) = allocator(1024 * MIB, config);
+        let first = alloc.malloc(600 * MIB, S0).unwrap();
+        match alloc.malloc(600 * MIB, S0) {
+            Err(AllocError::OutOfMemory { limit: got, .. }) => assert_eq!(got, limit, "{config}"),
+            other => panic!("{config}: expected out of memory, got {other:?}"),
+        }
+        alloc.free(first).unwrap();
+    }
+}

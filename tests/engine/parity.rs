@@ -92,6 +92,52 @@ fn garbage_collection_repeats_passes_until_the_excess_is_reclaimed() {
     check_invariants(&alloc, &device);
 }
 
+/// `get_free_block` counts a large-pool search (`get_free_blocks_call_count`) only while
+/// collection can run (a fraction set and a positive threshold), so the ages of segments
+/// cached before `setMemoryFraction` start when it is called. Threshold 0.5 and no fraction:
+/// 12 and 14 MiB cached with three searches between them, 16 MiB live; then fraction 0.5
+/// (100 MiB allowed, collect above 50) and a 30 MiB miss with 62 MiB reserved: both cached
+/// segments are one search old, the mean is one, and one pass frees both. Had the searches
+/// before the fraction counted, the 12 MiB segment (age 4 against 1, mean 2.5) would have gone
+/// alone, covering the 12 MiB excess.
+/// Fraction 1.0 is no fraction (PyTorch 2.9's `setMemoryFraction` leaves
+/// `allowed_memory_maximum` empty for it), so it counts no searches either.
+#[test]
+fn garbage_collection_ages_count_searches_only_once_collection_can_run() {
+    for config in [
+        "garbage_collection_threshold:0.5",
+        "garbage_collection_threshold:0.5,per_process_memory_fraction:1.0",
+    ] {
+        gc_ages_start_at_the_fraction(config);
+    }
+}
+
+fn gc_ages_start_at_the_fraction(config: &str) {
+    let (alloc, device) = allocator(200 * MIB, config);
+    let _keep = alloc.malloc(3 * MIB, S1).unwrap(); // 20 MiB on stream 1
+    let a = alloc.malloc(12 * MIB, S0).unwrap();
+    let b = alloc.malloc(14 * MIB, S0).unwrap();
+    let c = alloc.malloc(16 * MIB, S0).unwrap(); // 62 MiB reserved
+    let (a_at, b_at, c_at) = (a.address(), b.address(), c.address());
+    alloc.free(a).unwrap();
+    for _ in 0..3 {
+        tick(&alloc);
+    }
+    alloc.free(b).unwrap();
+    assert_eq!(device.counters().frees, 0);
+    alloc.set_memory_fraction(0.5).unwrap();
+    let d = alloc.malloc(30 * MIB, S0).unwrap(); // the first counted search: ages 1 and 1
+    assert_eq!(device.counters().frees, 2, "{config}");
+    let segments = addresses(&alloc);
+    assert!(!segments.iter().any(|(at, _)| *at == a_at || *at == b_at));
+    assert!(segments.contains(&(c_at, 16 * MIB)));
+    assert_eq!(alloc.stats().memory_reserved(), (20 + 16 + 30) * MIB);
+    for x in [c, d] {
+        alloc.free(x).unwrap();
+    }
+    check_invariants(&alloc, &device);
+}
+
 /// `malloc` calls `garbage_collect_cached_blocks` only when a fraction is set and the
 /// threshold is positive; fraction 1.0 is no limit (`setMemoryFraction`).
 #[test]
