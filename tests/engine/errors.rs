@@ -75,6 +75,35 @@ fn a_device_buffer_limit_caps_segments_and_rejects_larger_requests() {
     check_invariants(&alloc, &device);
 }
 
+/// The device's buffer limit is inclusive on both sides: a segment rule that asks for
+/// exactly the limit keeps its segment (5 MiB takes PyTorch's 20 MiB under a 20 MiB limit),
+/// and a request of exactly the limit is served (6 MiB under a 6 MiB limit, in a segment of
+/// its own size); one byte more is too large.
+#[test]
+fn a_device_buffer_limit_admits_exactly_the_limit() {
+    let pytorch = AllocatorConfig::parse("segment_sizing:pytorch").unwrap();
+    let device = SimDevice::new(1024 * MIB).with_max_segment_size(20 * MIB);
+    let alloc = CachingAllocator::new(device.clone(), pytorch.clone()).unwrap();
+    let a = alloc.malloc(5 * MIB, S0).unwrap();
+    assert_eq!(device.live_segments()[0].1, 20 * MIB);
+    alloc.free(a).unwrap();
+    check_invariants(&alloc, &device);
+
+    let device = SimDevice::new(1024 * MIB).with_max_segment_size(6 * MIB);
+    let alloc = CachingAllocator::new(device.clone(), pytorch).unwrap();
+    let b = alloc.malloc(6 * MIB, S0).unwrap();
+    assert_eq!(device.live_segments()[0].1, 6 * MIB);
+    assert_eq!(
+        alloc.malloc(6 * MIB + 1, S0).unwrap_err(),
+        AllocError::TooLarge {
+            requested: 6 * MIB + 1,
+            max: 6 * MIB
+        }
+    );
+    alloc.free(b).unwrap();
+    check_invariants(&alloc, &device);
+}
+
 #[test]
 fn freeing_twice_or_on_another_allocator_is_an_error() {
     let (alloc, device) = allocator(64 * MIB, "");

@@ -221,6 +221,32 @@ fn garbage_collection_and_max_split_size_leave_expandable_pages_alone() {
     check_invariants(&alloc, &device);
 }
 
+/// The memory fraction caps expandable segments as ordinary ones, inclusively (PyTorch's
+/// `alloc_block` checks `alloc_size` against `allowed_memory_maximum` before it maps):
+/// fraction 0.5 of 1000 MiB allows 500 MiB; 400 + 100 MiB of pages reach it exactly and are
+/// mapped, one more page is out of memory.
+#[test]
+fn the_memory_fraction_admits_pages_up_to_exactly_its_limit() {
+    use burn_caching_alloc::alloc::AllocError;
+
+    let (alloc, device) = allocator(
+        1000 * MIB,
+        "expandable_segments:True,per_process_memory_fraction:0.5",
+    );
+    let a = alloc.malloc(400 * MIB, S0).unwrap();
+    let b = alloc.malloc(100 * MIB, S0).unwrap();
+    assert_eq!(alloc.stats().memory_reserved(), 500 * MIB);
+    assert!(matches!(
+        alloc.malloc(20 * MIB, S0),
+        Err(AllocError::OutOfMemory { limit: Some(limit), .. }) if limit == 500 * MIB
+    ));
+    assert_eq!(alloc.stats().memory_reserved(), 500 * MIB);
+    for x in [a, b] {
+        alloc.free(x).unwrap();
+    }
+    check_invariants(&alloc, &device);
+}
+
 /// Issue 20 point 6: a `cuMemUnmap` failing half-way (the simulated device unmaps the first
 /// page of the three, then fails) used to leave the whole block listed as mapped over pages
 /// that were gone. The block is split where the unmap stopped: the first page is unmapped
