@@ -73,6 +73,29 @@ fn fragmented_free_memory_is_measured_and_points_at_expandable_segments_and_max_
     }
 }
 
+/// A free block of exactly the request's size that the request cannot use (it belongs to
+/// another stream) is not fragmentation: only blocks *smaller* than the rounded request
+/// count as too small for it.
+#[test]
+fn a_free_block_of_the_requests_size_on_another_stream_is_not_fragmentation() {
+    let (alloc, _device) = allocator(64 * MIB, "");
+    // Stream 1: a 20 MiB segment split 5 (live) + 15 (free) MiB; stream 0: 40 MiB live.
+    let kept = alloc.malloc(5 * MIB, S1).unwrap();
+    let freed = alloc.malloc(5 * MIB, S1).unwrap();
+    alloc.free(freed).unwrap();
+    let big = alloc.malloc(40 * MIB, S0).unwrap();
+    let err = alloc
+        .malloc(15 * MIB, S0)
+        .expect_err("16 MiB more does not fit in 64");
+    let diagnosis = err.oom_diagnosis().expect("out of memory");
+    assert_eq!(diagnosis.rounded, 15 * MIB);
+    assert_eq!(diagnosis.largest_free_block, 15 * MIB);
+    assert_eq!(diagnosis.fragmented, 0);
+    for b in [kept, big] {
+        alloc.free(b).unwrap();
+    }
+}
+
 #[test]
 fn earlier_cache_flushes_point_at_garbage_collection_unless_it_is_set() {
     for (config, expect_gc) in [("", true), ("garbage_collection_threshold:0.8", false)] {
