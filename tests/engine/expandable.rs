@@ -93,6 +93,25 @@ fn the_range_grows_by_pages_and_the_free_tail_joins_the_new_pages() {
     assert_eq!(maps_and_unmaps(&alloc), ["map 40", "map 20", "unmap 60"]);
 }
 
+/// `try_allocate_expandable_block` maps what the candidate still lacks with one `map_block`
+/// of the remainder: a free 40 MiB block grown to 100 MiB maps 60 MiB (three pages) in one
+/// mapping, one `segment_map` and one device allocation, not a page per call.
+#[test]
+fn a_free_block_grows_by_one_mapping_of_what_it_lacks() {
+    let (alloc, device) = allocator(1024 * MIB, ES);
+    let a = alloc.malloc(30 * MIB, S0).unwrap();
+    let base = a.address();
+    alloc.free(a).unwrap();
+    assert_eq!(layout(&alloc), vec![vec![(40 * MIB, F)]]);
+    let b = alloc.malloc(100 * MIB, S0).unwrap();
+    assert_eq!(b.address(), base);
+    assert_eq!(layout(&alloc), vec![vec![(100 * MIB, A)]]);
+    assert_eq!(maps_and_unmaps(&alloc), ["map 40", "map 60"]);
+    assert_eq!(alloc.stats().num_device_alloc, 2);
+    alloc.free(b).unwrap();
+    check_invariants(&alloc, &device);
+}
+
 /// `release_blocks` / `unmap_block`: only whole pages inside free blocks go back; partial
 /// pages stay mapped as free blocks; the next miss maps the lowest hole first.
 #[test]
