@@ -120,6 +120,8 @@ struct SimState {
     /// Allocation calls to fail, counted from 1 at the next call.
     fail_calls: Vec<u64>,
     fail_over: Option<u64>,
+    /// What the next half-way unmap failure reports as unmapped, instead of the truth.
+    misreported_unmap: Option<u64>,
     /// Per [`SimCall`]: the calls made so far, and the call numbers that are to fail or panic.
     calls: [u64; SIM_CALLS],
     armed: [Vec<u64>; SIM_CALLS],
@@ -187,6 +189,7 @@ impl SimDevice {
                 counters: SimCounters::default(),
                 fail_calls: Vec::new(),
                 fail_over: None,
+                misreported_unmap: None,
                 calls: [0; SIM_CALLS],
                 armed: Default::default(),
                 armed_panics: Default::default(),
@@ -219,6 +222,13 @@ impl SimDevice {
     /// Makes every allocation of more than `bytes` fail as out of memory (`None` lifts it).
     pub fn fail_allocations_over(&self, bytes: Option<u64>) {
         self.state.lock().fail_over = bytes;
+    }
+
+    /// Makes the next half-way failure of [`SimCall::Unmap`] (armed with [`Self::fail_next`])
+    /// report `unmapped` bytes as unmapped instead of the page it did unmap: a device whose
+    /// report cannot be true (no bytes, more than was asked, not whole pages).
+    pub fn misreport_partial_unmap(&self, unmapped: u64) {
+        self.state.lock().misreported_unmap = Some(unmapped);
     }
 
     /// Makes the next call of kind `call` fail with a driver error. The failed call changes
@@ -549,7 +559,7 @@ impl DeviceMemory for SimDevice {
         state.counters.frees += 1;
         if half_way {
             return Err(DeviceError::PartialUnmap {
-                unmapped: size,
+                unmapped: state.misreported_unmap.take().unwrap_or(size),
                 reason: format!("{INJECTED_FAILURE} of {:?}", SimCall::Unmap),
             });
         }

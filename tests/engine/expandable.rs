@@ -301,6 +301,68 @@ fn an_unmap_failing_half_way_splits_the_block_where_it_stopped() {
     check_invariants(&alloc, &device);
 }
 
+/// A partial unmap the device cannot have done (no bytes, more than the range asked for, or
+/// not whole pages) is the device's error, passed on as it is: the engine trusts no such
+/// report, splits nothing and keeps the block mapped and cached.
+#[test]
+fn an_impossible_partial_unmap_is_an_error_and_splits_nothing() {
+    use burn_caching_alloc::alloc::AllocError;
+    use burn_caching_alloc::device::DeviceError;
+    use burn_caching_alloc::device::sim::SimCall;
+
+    for unmapped in [0, MIB, 80 * MIB] {
+        let (alloc, device) = allocator(1024 * MIB, ES);
+        let a = alloc.malloc(60 * MIB, S0).unwrap();
+        alloc.free(a).unwrap();
+        device.fail_next(SimCall::Unmap);
+        device.misreport_partial_unmap(unmapped);
+        match alloc.empty_cache() {
+            Err(AllocError::Device(DeviceError::PartialUnmap { unmapped: got, .. })) => {
+                assert_eq!(got, unmapped)
+            }
+            other => panic!("expected the device's error, got {other:?}"),
+        }
+        assert_eq!(layout(&alloc), vec![vec![(60 * MIB, F)]], "{unmapped}");
+        assert_eq!(alloc.stats().memory_reserved(), 60 * MIB, "{unmapped}");
+        assert!(
+            !maps_and_unmaps(&alloc)
+                .iter()
+                .any(|e| e.starts_with("unmap"))
+        );
+    }
+}
+
+/// `get_free_block` takes the next block that fits when it could grow into less unmapped
+/// space: its `expandable_size` is its size *plus* the unmapped block after it. With a free
+/// 5 MiB block before the range's last 20 MiB of unmapped space (25 MiB in all) and a free
+/// 30 MiB block with none, a 4 MiB request stays in the 5 MiB block: 30 is not below 25.
+#[test]
+fn a_block_near_the_end_of_the_range_counts_its_size_plus_the_unmapped_tail() {
+    // 100 MiB device: a range of 9/8 of it in 20 MiB pages, 120 MiB.
+    let (alloc, device) = allocator(100 * MIB, ES);
+    let a = alloc.malloc(30 * MIB, S0).unwrap();
+    let base = a.address();
+    let b = alloc.malloc(25 * MIB, S0).unwrap();
+    let c = alloc.malloc(40 * MIB, S0).unwrap();
+    alloc.free(a).unwrap();
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![
+            (30 * MIB, F),
+            (25 * MIB, A),
+            (40 * MIB, A),
+            (5 * MIB, F)
+        ]]
+    );
+    assert_eq!(device.reserved_ranges(), vec![(base, 120 * MIB)]);
+    let d = alloc.malloc(4 * MIB, S0).unwrap();
+    assert_eq!(d.address(), base + 95 * MIB);
+    for x in [b, c, d] {
+        alloc.free(x).unwrap();
+    }
+    check_invariants(&alloc, &device);
+}
+
 /// A device without virtual memory cannot serve expandable segments: the engine refuses the
 /// configuration with `ConfigError::Unsupported` naming the key (one policy for a missing
 /// capability, issue 19), instead of serving ordinary segments under a key that says
