@@ -109,6 +109,44 @@ fn a_free_block_grows_by_one_mapping_of_what_it_lacks() {
     assert_eq!(maps_and_unmaps(&alloc), ["map 40", "map 60"]);
     assert_eq!(alloc.stats().num_device_alloc, 2);
     alloc.free(b).unwrap();
+    // `empty_cache` says what it gave back: the five unmapped pages.
+    assert_eq!(alloc.empty_cache().unwrap(), 100 * MIB);
+    check_invariants(&alloc, &device);
+}
+
+/// `should_split` with expandable segments splits every large block whose remainder is at
+/// least 512 bytes (`kMinBlockSize`), where ordinary large blocks keep remainders up to 1 MiB
+/// (`kSmallSize`): 19.5 MiB in a 20 MiB page leaves a free 0.5 MiB block.
+#[test]
+fn expandable_large_blocks_split_off_remainders_under_1_mib() {
+    let (alloc, device) = allocator(1024 * MIB, ES);
+    let a = alloc.malloc(19 * MIB + MIB / 2, S0).unwrap();
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![(19 * MIB + MIB / 2, A), (MIB / 2, F)]]
+    );
+    alloc.free(a).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// `get_free_block` moves past the best fit only to a block that could grow to strictly less
+/// (`expandable_size(*next) < expandable_size(*it)`): of two free 10 MiB blocks with no
+/// unmapped space after them, the lower address (best fit's order) is taken.
+#[test]
+fn of_two_equal_expandable_blocks_the_lower_address_is_taken() {
+    let (alloc, device) = allocator(1024 * MIB, ES);
+    let a = alloc.malloc(10 * MIB, S0).unwrap();
+    let k1 = alloc.malloc(10 * MIB, S0).unwrap();
+    let b = alloc.malloc(10 * MIB, S0).unwrap();
+    let k2 = alloc.malloc(10 * MIB, S0).unwrap();
+    let a_at = a.address();
+    alloc.free(b).unwrap();
+    alloc.free(a).unwrap();
+    let c = alloc.malloc(10 * MIB, S0).unwrap();
+    assert_eq!(c.address(), a_at);
+    for x in [c, k1, k2] {
+        alloc.free(x).unwrap();
+    }
     check_invariants(&alloc, &device);
 }
 
