@@ -11,13 +11,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const MIB: u64 = 1 << 20;
-
 use clap::Parser;
+use mnist::BackendChoice;
 use mnist::backend_choice::{cuda_device_present, unavailable_reason};
+use mnist::cli::TrainingArgs;
 use mnist::dataset::{MnistSet, Split, default_data_dir};
-use mnist::{BackendChoice, ModelKind};
 use mnist_train::{Dashboard, MemoryFiles, Outcome, RunError, TrainingConfig};
+
+const MIB: u64 = 1 << 20;
 
 /// Train `examples/mnist`'s model with burn-train on the caching allocator, its memory on the
 /// dashboard.
@@ -27,30 +28,8 @@ struct Args {
     /// auto | caching-cuda | caching-wgpu (auto: caching-cuda where a CUDA device is).
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
-    /// Classifier to train.
-    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
-    model: ModelKind,
-    /// Passes over the training set.
-    #[arg(long, default_value_t = 1)]
-    epochs: usize,
-    /// Images per step.
-    #[arg(long, default_value_t = 64)]
-    batch_size: usize,
-    /// Adam learning rate.
-    #[arg(long, default_value_t = 1e-3)]
-    lr: f64,
-    /// Seed for weight initialisation and batch order.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Train on the first N training images only.
-    #[arg(long)]
-    limit: Option<usize>,
-    /// Validate on the first N test images only.
-    #[arg(long)]
-    test_limit: Option<usize>,
-    /// Folder with the four MNIST IDX files [default: examples/mnist/data].
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    training: TrainingArgs,
     /// burn-train's artifact folder (its metric logs and experiment.log).
     #[arg(long, default_value_os_t = std::env::temp_dir().join("mnist-train"))]
     artifact_dir: PathBuf,
@@ -99,16 +78,21 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(reason) = unavailable_reason(choice) {
         return Err(reason);
     }
-    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
-    let train = MnistSet::load(&data_dir, Split::Train, args.limit).map_err(|e| e.to_string())?;
-    let valid =
-        MnistSet::load(&data_dir, Split::Test, args.test_limit).map_err(|e| e.to_string())?;
+    let data_dir = args
+        .training
+        .data_dir
+        .clone()
+        .unwrap_or_else(default_data_dir);
+    let train =
+        MnistSet::load(&data_dir, Split::Train, args.training.limit).map_err(|e| e.to_string())?;
+    let valid = MnistSet::load(&data_dir, Split::Test, args.training.test_limit)
+        .map_err(|e| e.to_string())?;
     let config = TrainingConfig {
-        model: args.model,
-        epochs: args.epochs,
-        batch_size: args.batch_size,
-        learning_rate: args.lr,
-        seed: args.seed,
+        model: args.training.model,
+        epochs: args.training.epochs,
+        batch_size: args.training.batch_size,
+        learning_rate: args.training.lr,
+        seed: args.training.seed,
     };
     let files = MemoryFiles {
         snapshots: args.memory_snapshot.clone(),

@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod backend_choice;
+pub mod cli;
 pub mod dataset;
 pub mod headless;
 pub mod idx;

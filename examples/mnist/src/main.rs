@@ -25,12 +25,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use mnist::backend_choice::{cuda_device_present, unavailable_reason};
+use mnist::cli::TrainingArgs;
 use mnist::dataset::{MnistSet, Split, default_data_dir};
 use mnist::progress::EpochProgress;
 use mnist::timeline::{TimelineRun, write_timeline_svg};
 use mnist::{
-    BackendChoice, Fusion, MemoryDumps, ModelKind, RunOutcome, TrainConfig, TrainReport,
-    train_on_with,
+    BackendChoice, Fusion, MemoryDumps, RunOutcome, TrainConfig, TrainReport, train_on_with,
 };
 
 /// Train a Burn model on MNIST and report what the allocator did.
@@ -40,31 +40,8 @@ struct Args {
     /// auto | caching-cuda | cuda | caching-wgpu | wgpu (cuda and wgpu are Burn's stock backends).
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
-    /// Classifier to train.
-    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
-    model: ModelKind,
-    /// Passes over the training set.
-    #[arg(long, default_value_t = 1)]
-    epochs: usize,
-    /// Images per training step.
-    #[arg(long, default_value_t = 64)]
-    batch_size: usize,
-    /// Adam learning rate.
-    #[arg(long, default_value_t = 1e-3)]
-    lr: f64,
-    /// Seed for weight initialisation and batch order.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Train on the first N training images only.
-    #[arg(long)]
-    limit: Option<usize>,
-    /// Evaluate on the first N test images only.
-    #[arg(long)]
-    test_limit: Option<usize>,
-    /// Folder with the four MNIST IDX files (plain or .gz) [default: this crate's data/].
-    /// Files listed in its SHA256SUMS, if it has one, are checked before use.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    training: TrainingArgs,
     /// Write the JSON report here (with --compare: a JSON array of both reports).
     #[arg(long)]
     report: Option<PathBuf>,
@@ -145,16 +122,17 @@ fn run(args: Args) -> Result<(), String> {
             choices[0]
         ));
     }
-    let data_dir = data_dir(args.data_dir.as_deref())?;
-    let train = MnistSet::load(&data_dir, Split::Train, args.limit).map_err(|e| e.to_string())?;
-    let test =
-        MnistSet::load(&data_dir, Split::Test, args.test_limit).map_err(|e| e.to_string())?;
+    let data_dir = data_dir(args.training.data_dir.as_deref())?;
+    let train =
+        MnistSet::load(&data_dir, Split::Train, args.training.limit).map_err(|e| e.to_string())?;
+    let test = MnistSet::load(&data_dir, Split::Test, args.training.test_limit)
+        .map_err(|e| e.to_string())?;
     let config = TrainConfig {
-        model: args.model,
-        epochs: args.epochs,
-        batch_size: args.batch_size,
-        learning_rate: args.lr,
-        seed: args.seed,
+        model: args.training.model,
+        epochs: args.training.epochs,
+        batch_size: args.training.batch_size,
+        learning_rate: args.training.lr,
+        seed: args.training.seed,
         ..TrainConfig::default()
     };
     println!(
