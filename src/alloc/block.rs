@@ -276,6 +276,12 @@ impl<H> Blocks<H> {
         self.segment_of(block).pool
     }
 
+    /// Hands the segment `block` lies in to `pool`.
+    pub fn set_pool(&mut self, block: BlockId, pool: PoolKind) {
+        let segment = self[block].segment;
+        self.segments[segment.0].pool = pool;
+    }
+
     /// Blocks of a segment in address order.
     pub fn segment_blocks(&self, segment: SegmentId) -> SegmentBlocks<'_, H> {
         SegmentBlocks {

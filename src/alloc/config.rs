@@ -199,6 +199,13 @@ pub struct AllocatorConfig {
     /// Files written before the key existed used PyTorch's rule and read back as it.
     #[serde(default = "pytorch_segment_sizing")]
     pub segment_sizing: SegmentSizing,
+    /// Whether a miss that would allocate device memory first borrows the other pool's free
+    /// memory (the default: a large request of at most 2 MiB a small-pool free block, a small
+    /// request a wholly free 2 MiB large-pool segment), or never, as in PyTorch
+    /// (`pool_borrowing:false`). Files written before the key existed used PyTorch's rule and
+    /// read back as it.
+    #[serde(default)]
+    pub pool_borrowing: bool,
 }
 
 /// The rule of configurations serialised before `segment_sizing` existed.
@@ -217,6 +224,7 @@ impl Default for AllocatorConfig {
             history: HistoryOptions::off(),
             expandable_segments: false,
             segment_sizing: SegmentSizing::Grow,
+            pool_borrowing: true,
         }
     }
 }
@@ -294,7 +302,7 @@ macro_rules! key {
 }
 
 /// Every key the configuration string accepts, one row each (a new key is a new row).
-const KEYS: [Key; 9] = [
+const KEYS: [Key; 10] = [
     // PyTorch's tokenizer takes `True`/`False`; lower case is accepted too.
     key!("expandable_segments", |config, key, value| {
         config.expandable_segments = match value {
@@ -308,6 +316,13 @@ const KEYS: [Key; 9] = [
             "grow" => SegmentSizing::Grow,
             "pytorch" => SegmentSizing::Pytorch,
             _ => return Err(invalid(key, value, "grow or pytorch")),
+        }
+    }),
+    key!("pool_borrowing", |config, key, value| {
+        config.pool_borrowing = match value {
+            "True" | "true" | "1" => true,
+            "False" | "false" | "0" => false,
+            _ => return Err(invalid(key, value, "True or False")),
         }
     }),
     key!("max_split_size_mb", |config, key, value| {

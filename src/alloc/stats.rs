@@ -103,6 +103,13 @@ impl StatArray {
         self.pool_mut(pool).decrease(amount);
     }
 
+    /// Moves `amount` from pool `from` to pool `to`; `all` does not change (a segment that
+    /// changes pools is neither new nor returned device memory).
+    pub(crate) fn transfer(&mut self, from: PoolKind, to: PoolKind, amount: u64) {
+        self.pool_mut(from).decrease(amount);
+        self.pool_mut(to).increase(amount);
+    }
+
     /// Applies a signed change to `all` and `pool`'s statistic.
     pub(crate) fn change(&mut self, pool: PoolKind, delta: i64) {
         self.all.change(delta);
@@ -158,6 +165,10 @@ pub struct MemoryStats {
     pub num_device_alloc: u64,
     /// Segments returned to the device.
     pub num_device_free: u64,
+    /// Misses served from the other pool's free memory instead of a device allocation
+    /// (`pool_borrowing`; not a PyTorch statistic).
+    #[serde(default)]
+    pub num_pool_borrows: u64,
     /// The configured `max_split_size` in bytes, -1 when unlimited (PyTorch's int64 value).
     pub max_split_size: i64,
 }
@@ -294,12 +305,13 @@ pub(crate) const SINGLES: [SingleField; 2] = [
 ];
 
 /// Every counter; the labelled ones in the summary's order, two to a line.
-pub(crate) const COUNTERS: [Counter; 5] = [
+pub(crate) const COUNTERS: [Counter; 6] = [
     field!(Counter num_ooms, label: Some("Out-of-memory errors")),
     field!(Counter num_alloc_retries, label: Some("Device allocation retries")),
     field!(Counter num_device_alloc, label: Some("Device allocations")),
     field!(Counter num_device_free, label: Some("Device frees")),
     field!(Counter num_sync_all_streams, label: None),
+    field!(Counter num_pool_borrows, label: None),
 ];
 
 /// A count or byte amount as PyTorch's int64 (amounts never come near `i64::MAX`).

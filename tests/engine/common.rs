@@ -15,18 +15,21 @@ pub const S0: DeviceStream = DeviceStream(0);
 pub const S1: DeviceStream = DeviceStream(1);
 
 /// An allocator over a simulated device of `capacity` bytes, configured by `config` under
-/// PyTorch's segment rule (`segment_sizing:pytorch`) unless `config` names `segment_sizing`:
-/// the engine tests check PyTorch's layouts by number; `rounding.rs` and the property tests
-/// check the default's grown segments.
+/// PyTorch's rules (`segment_sizing:pytorch`, `pool_borrowing:false`) for each of the two keys
+/// `config` does not name: the engine tests check PyTorch's layouts by number; `rounding.rs`,
+/// `borrowing.rs` and the property tests check the defaults that differ.
 pub fn allocator(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, SimDevice) {
     let device = SimDevice::new(capacity);
-    let config = if config.contains("segment_sizing") {
-        config.to_string()
-    } else if config.is_empty() {
-        "segment_sizing:pytorch".to_string()
-    } else {
-        format!("{config},segment_sizing:pytorch")
-    };
+    let mut items: Vec<&str> = config.split(',').filter(|item| !item.is_empty()).collect();
+    for (key, pytorch) in [
+        ("segment_sizing", "segment_sizing:pytorch"),
+        ("pool_borrowing", "pool_borrowing:false"),
+    ] {
+        if !config.contains(key) {
+            items.push(pytorch);
+        }
+    }
+    let config = items.join(",");
     let config = AllocatorConfig::parse(&config).expect("test config parses");
     (
         CachingAllocator::new(device.clone(), config).unwrap(),

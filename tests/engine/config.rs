@@ -114,6 +114,7 @@ fn rejects_malformed_unknown_and_out_of_range_values() {
         ("expandable_segments:maybe", "not True or False"),
         ("segment_sizing:Grow", "names are lower case"),
         ("segment_sizing:20", "not a rule name"),
+        ("pool_borrowing:yes", "not True or False"),
         ("release_lock_on_cudamalloc:True", "unsupported mode"),
     ];
     for (text, why) in cases {
@@ -153,6 +154,30 @@ fn segment_sizing_names_the_rule_and_old_files_read_as_pytorch() {
     json.as_object_mut().unwrap().remove("segment_sizing");
     let old: AllocatorConfig = serde_json::from_value(json).unwrap();
     assert_eq!(old.segment_sizing, SegmentSizing::Pytorch);
+}
+
+#[test]
+fn pool_borrowing_is_on_by_default_and_old_files_read_as_pytorch() {
+    assert!(AllocatorConfig::default().pool_borrowing);
+    assert!(
+        !AllocatorConfig::parse("pool_borrowing:False")
+            .unwrap()
+            .pool_borrowing
+    );
+    assert_eq!(
+        AllocatorConfig::parse("pool_borrowing:off").unwrap_err(),
+        ConfigError::InvalidValue {
+            key: "pool_borrowing".into(),
+            value: "off".into(),
+            expected: "True or False".into(),
+        }
+    );
+    // A configuration serialised before the key existed kept PyTorch's pools.
+    let mut json = serde_json::to_value(AllocatorConfig::default()).unwrap();
+    assert_eq!(json["pool_borrowing"], true);
+    json.as_object_mut().unwrap().remove("pool_borrowing");
+    let old: AllocatorConfig = serde_json::from_value(json).unwrap();
+    assert!(!old.pool_borrowing);
 }
 
 #[test]

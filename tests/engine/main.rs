@@ -7,6 +7,7 @@
 mod common;
 
 mod bad_input;
+mod borrowing;
 mod config;
 mod drop;
 mod errors;

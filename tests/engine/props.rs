@@ -85,8 +85,12 @@ fn setup() -> impl Strategy<Value = (&'static str, Option<u64>)> {
     prop_oneof![
         Just(("", None)),
         Just(("segment_sizing:pytorch", None)),
+        Just(("segment_sizing:pytorch,pool_borrowing:false", None)),
         Just(("", Some(48 * MIB))),
-        Just(("segment_sizing:pytorch", Some(48 * MIB))),
+        Just((
+            "segment_sizing:pytorch,pool_borrowing:false",
+            Some(48 * MIB)
+        )),
         Just(("max_split_size_mb:32", None)),
         Just(("max_split_size_mb:24", None)),
         Just(("garbage_collection_threshold:0.6", None)),
@@ -161,6 +165,8 @@ struct Model {
     divisions: u64,
     /// `segment_sizing:grow`: mid-size segments grow with the large pool.
     grow_segments: bool,
+    /// `pool_borrowing:true`: a miss borrows the other pool's free memory before new memory.
+    pool_borrowing: bool,
     gc_threshold: bool,
     max_segment: Option<u64>,
     fraction: Option<f64>,
@@ -193,6 +199,7 @@ impl Model {
             max_non_split_rounding: config.max_non_split_rounding,
             divisions,
             grow_segments: config.segment_sizing == SegmentSizing::Grow,
+            pool_borrowing: config.pool_borrowing,
             gc_threshold: config.garbage_collection_threshold.is_some(),
             max_segment,
             fraction: config.memory_fraction,
@@ -303,6 +310,47 @@ impl Model {
         vec![size(split(rounded))]
     }
 
+    /// `pool_borrowing`: the other pool's free block a request that missed its own pool takes
+    /// before new memory: for a large request of at most 2 MiB the best-fitting small-pool
+    /// block, for a small one a wholly free large segment of exactly 2 MiB (lowest address
+    /// among equals). Either way it ends up a small-pool block.
+    fn borrow(
+        &self,
+        snapshot: &Snapshot,
+        free: &[FreeBlock],
+        stream: u64,
+        rounded: u64,
+    ) -> Option<FreeBlock> {
+        if !self.pool_borrowing {
+            return None;
+        }
+        let whole = |b: &FreeBlock| {
+            snapshot
+                .segments
+                .iter()
+                .any(|s| s.address == b.address && s.total_size == b.size)
+        };
+        let (other, fits): (PoolKind, &dyn Fn(&FreeBlock) -> bool) = match pool_of(rounded) {
+            PoolKind::Large if rounded <= 2 * MIB => (PoolKind::Small, &|b| b.size >= rounded),
+            PoolKind::Large => return None,
+            PoolKind::Small => (PoolKind::Large, &|b| b.size == 2 * MIB && whole(b)),
+        };
+        free.iter()
+            .filter(|b| b.stream == stream && b.pool == other && fits(b))
+            .min_by_key(|b| (b.size, b.address))
+            .copied()
+    }
+
+    /// The size a borrowed block of `block` bytes takes for a request of `rounded` bytes: the
+    /// small pool's split rule.
+    fn borrowed_size(block: u64, rounded: u64) -> u64 {
+        if block - rounded >= 512 {
+            rounded
+        } else {
+            block
+        }
+    }
+
     /// Bytes of the snapshot's segments that a full release (`release_cached_blocks`,
     /// synchronising every event) keeps: at least those holding an allocated block, at most
     /// those also holding a pending free the model does not follow.
@@ -372,6 +420,9 @@ impl Model {
 enum Expect {
     /// The cached block at this address serves it, with one of these sizes.
     Hit { address: u64, sizes: Vec<u64> },
+    /// The other pool's free block at this address serves it as a small-pool block (not for
+    /// a cache-only request), with this size.
+    Borrow { address: u64, size: u64 },
     /// A new segment of this size, unless the device runs out: `must_fit` when even the
     /// worst case of a full release leaves room, `cannot_fit` when even the best case does not.
     Miss {
@@ -412,6 +463,21 @@ fn predict(model: &Model, snapshot: &Snapshot, size: u64, stream: u64) -> Expect
             address: block.address,
             sizes: model.allocated_sizes(block.size, rounded),
         };
+    }
+    if model.pool_borrowing {
+        let other = match pool_of(rounded) {
+            PoolKind::Small => PoolKind::Large,
+            PoolKind::Large => PoolKind::Small,
+        };
+        if unsure.contains(&(stream, other)) {
+            return Expect::Unsure;
+        }
+        if let Some(block) = model.borrow(snapshot, &free, stream, rounded) {
+            return Expect::Borrow {
+                address: block.address,
+                size: Model::borrowed_size(block.size, rounded),
+            };
+        }
     }
     let (kept_min, kept_max) = model.kept_after_release(snapshot);
     let room = model.limit();
@@ -498,6 +564,13 @@ fn check_malloc(
             assert!(new_segments.is_empty(), "a cache hit took a new segment");
         }
         (Expect::Hit { .. }, None) => panic!("malloc_cached missed a cached block that fits"),
+        (Expect::Borrow { address, size }, Some(a)) => {
+            assert!(!cached_only, "malloc_cached borrowed from the other pool");
+            assert_eq!(a.address(), *address, "the model's block of the other pool");
+            assert_eq!(a.size(), *size, "the small pool's split rule");
+            assert!(new_segments.is_empty(), "a borrow took a new segment");
+        }
+        (Expect::Borrow { .. }, None) => assert!(cached_only),
         (Expect::Miss { .. }, None) => {
             assert!(cached_only);
             assert!(new_segments.is_empty(), "malloc_cached grew");
@@ -554,10 +627,12 @@ fn check_malloc(
         home.stream, stream,
         "the block's segment is the request's stream"
     );
-    assert_eq!(
-        home.pool,
-        pool_of(rounded),
-        "the block's segment is the request's pool"
+    // A borrow, or a request whose outcome the model cannot tell, may sit in the small pool.
+    let may_borrow = matches!(expect, Expect::Borrow { .. } | Expect::Unsure);
+    assert!(
+        home.pool == pool_of(rounded) || (may_borrow && home.pool == PoolKind::Small),
+        "a {rounded}-byte block in a {:?} segment ({expect:?})",
+        home.pool
     );
     if model.history {
         model.last_recorded_malloc = Some((a.id(), size));
@@ -687,7 +762,7 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
                 // device had room for (unless an allocation failure was injected or garbage
                 // collection may run).
                 let room = match expect {
-                    Expect::Hit { .. } => true,
+                    Expect::Hit { .. } | Expect::Borrow { .. } => true,
                     Expect::Miss { segment, .. } => {
                         stats_before.memory_reserved() + segment <= model.limit()
                             && !model.alloc_failure_armed
@@ -701,6 +776,15 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
                         "a segment was freed although the request fit: {expect:?}"
                     );
                     assert!(stats.num_alloc_retries == stats_before.num_alloc_retries);
+                }
+                let borrowed = matches!(expect, Expect::Borrow { .. })
+                    && result.as_ref().is_ok_and(Option::is_some);
+                if !matches!(expect, Expect::Unsure) {
+                    assert_eq!(
+                        stats.num_pool_borrows - stats_before.num_pool_borrows,
+                        u64::from(borrowed),
+                        "num_pool_borrows counts the borrows the model predicts: {expect:?}"
+                    );
                 }
                 if stats.num_alloc_retries > stats_before.num_alloc_retries {
                     // The last retry synchronised every event (`release_cached_blocks`). (A

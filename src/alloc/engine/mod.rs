@@ -1,7 +1,8 @@
 //! The engine's state and its two entry points, malloc and free.
 //!
 //! Its parts are child modules, each adding methods to [`Engine`]: placement (best fit,
-//! split, merge) in `placement`, expandable segments (pages mapped into a reserved range) in
+//! split, merge) in `placement`, borrowing the other pool's free memory in `borrowing`,
+//! expandable segments (pages mapped into a reserved range) in
 //! `expandable`, the release steps of the miss path and `empty_cache` in `release`,
 //! cross-stream frees in `events`, the snapshot in `snapshot`, and the consistency check of
 //! blocks, pools and statistics in `self_check`. The public, thread-safe face is
@@ -10,8 +11,10 @@
 //! A request walks this path, PyTorch's, in order:
 //! 1. complete pending frees whose stream events have finished;
 //! 2. round the size, pick the pool, take the best-fitting cached block of the same stream;
-//! 3. on a miss, collect garbage if a threshold and a memory fraction below 1 are set (whole
-//!    free large segments at least the mean age, by large-pool searches since cached);
+//! 3. on a miss, unless the request may only use the cache: borrow the other pool's free
+//!    memory (`pool_borrowing`, ours, on by default: see `borrowing`); else collect
+//!    garbage if a threshold and a memory fraction below 1 are set (whole free large segments
+//!    at least the mean age, by large-pool searches since cached);
 //! 4. allocate a new segment from the device (refused up front if it would break the
 //!    per-process memory fraction);
 //! 5. if that fails, free cached oversize blocks and retry;
@@ -22,6 +25,7 @@
 //! A request that can never fit (beyond the device or its largest buffer) fails before step 3
 //! with `TooLarge`, counted as an out-of-memory as PyTorch counts it.
 
+mod borrowing;
 mod events;
 mod expandable;
 mod placement;
@@ -397,6 +401,9 @@ impl<D: DeviceMemory> Engine<D> {
         rounded: u64,
         flush: bool,
     ) -> Result<Option<BlockId>, AllocError> {
+        if let Some(block) = self.borrow_from_other_pool(pool, stream, rounded) {
+            return Ok(Some(block));
+        }
         if self.gc_enabled() {
             self.collect_garbage()?;
         }

@@ -210,6 +210,11 @@ fn data(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> Value {
             stats.num_device_alloc
         ],
         ["num_device_free", "Device frees", stats.num_device_free],
+        [
+            "num_pool_borrows",
+            "Misses served from the other pool",
+            stats.num_pool_borrows
+        ],
     ]);
     let history_stack_count = snapshot
         .history
