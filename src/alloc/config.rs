@@ -303,13 +303,8 @@ macro_rules! key {
 
 /// Every key the configuration string accepts, one row each (a new key is a new row).
 const KEYS: [Key; 10] = [
-    // PyTorch's tokenizer takes `True`/`False`; lower case is accepted too.
     key!("expandable_segments", |config, key, value| {
-        config.expandable_segments = match value {
-            "True" | "true" | "1" => true,
-            "False" | "false" | "0" => false,
-            _ => return Err(invalid(key, value, "True or False")),
-        }
+        config.expandable_segments = parse_true_false(key, value)?
     }),
     key!("segment_sizing", |config, key, value| {
         config.segment_sizing = match value {
@@ -319,11 +314,7 @@ const KEYS: [Key; 10] = [
         }
     }),
     key!("pool_borrowing", |config, key, value| {
-        config.pool_borrowing = match value {
-            "True" | "true" | "1" => true,
-            "False" | "false" | "0" => false,
-            _ => return Err(invalid(key, value, "True or False")),
-        }
+        config.pool_borrowing = parse_true_false(key, value)?
     }),
     key!("max_split_size_mb", |config, key, value| {
         config.max_split_size = Some(parse_megabytes(key, value)?)
@@ -445,6 +436,15 @@ fn parse_megabytes(key: &str, value: &str) -> Result<u64, ConfigError> {
 }
 
 /// A number in (0, 1] when `one_allowed`, else in (0, 1).
+/// A boolean in PyTorch's spelling, `True`/`False` (its tokenizer's), or `true`/`false`/`1`/`0`.
+fn parse_true_false(key: &str, value: &str) -> Result<bool, ConfigError> {
+    match value {
+        "True" | "true" | "1" => Ok(true),
+        "False" | "false" | "0" => Ok(false),
+        _ => Err(invalid(key, value, "True or False")),
+    }
+}
+
 fn parse_fraction(key: &str, value: &str, one_allowed: bool) -> Result<f64, ConfigError> {
     let range = if one_allowed { "(0, 1]" } else { "(0, 1)" };
     match value.parse::<f64>() {

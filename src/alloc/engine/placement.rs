@@ -1,7 +1,8 @@
 //! Where a block goes: best fit among cached blocks, splitting on allocation, merging on free.
 //!
 //! Best fit is the smallest free block of the request's own stream and pool that is large
-//! enough (only a miss that would grow may then borrow from the other pool: `borrowing`). `max_split_size` keeps oversize blocks whole: a request under it never takes an
+//! enough (only a miss that would grow may then borrow from the other pool: `borrowing`).
+//! `max_split_size` keeps oversize blocks whole: a request under it never takes an
 //! oversize block (that would pin a large segment for a small tensor), and a request at or
 //! above it takes one only if the block is less than `max_non_split_rounding` larger.
 //!
