@@ -38,8 +38,11 @@ struct Classes {
     occupied: Vec<u64>,
     /// Bit `w` is set when word `w` of `occupied` is not zero.
     summary: Vec<u64>,
-    /// (address, block) per index, in address order.
-    blocks: Vec<Vec<(u64, BlockId)>>,
+    /// (address, block) per index, in address order, in groups of 64 indices (those of one
+    /// `occupied` word). A group's vectors are made when one of its sizes first holds a
+    /// block: the large pool has 65,536 classes, and making them all up front cost every new
+    /// stream's first free about 80 µs (and `empty_cache` as much again to walk them).
+    groups: Vec<Vec<Vec<(u64, BlockId)>>>,
 }
 
 impl Classes {
@@ -50,8 +53,24 @@ impl Classes {
             first,
             occupied: vec![0; words],
             summary: vec![0; words.div_ceil(64)],
-            blocks: (0..count).map(|_| Vec::new()).collect(),
+            groups: (0..words).map(|_| Vec::new()).collect(),
         }
+    }
+
+    /// The blocks at `index`, in address order (empty when its group was never used).
+    fn list(&self, index: usize) -> &[(u64, BlockId)] {
+        self.groups[index / 64]
+            .get(index % 64)
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// The vector of `index`, making its group's vectors first if need be.
+    fn list_mut(&mut self, index: usize) -> &mut Vec<(u64, BlockId)> {
+        let group = &mut self.groups[index / 64];
+        if group.is_empty() {
+            group.resize_with(64, Vec::new);
+        }
+        &mut group[index % 64]
     }
 
     /// The first index at or above `from` that holds a block.
@@ -76,7 +95,7 @@ impl Classes {
 
     fn insert(&mut self, class: usize, address: u64, block: BlockId) {
         let index = class - self.first;
-        let list = &mut self.blocks[index];
+        let list = self.list_mut(index);
         let at = list.partition_point(|&(a, _)| a < address);
         debug_assert!(
             list.get(at).is_none_or(|&(a, _)| a != address),
@@ -89,7 +108,7 @@ impl Classes {
 
     fn remove(&mut self, class: usize, address: u64) -> Option<BlockId> {
         let index = class - self.first;
-        let list = &mut self.blocks[index];
+        let list = self.groups[index / 64].get_mut(index % 64)?;
         let at = list.binary_search_by_key(&address, |&(a, _)| a).ok()?;
         let (_, block) = list.remove(at);
         if list.is_empty() {
@@ -115,17 +134,15 @@ impl Classes {
             })
     }
 
-    /// Every block, by size then address.
+    /// Every block, by size then address. Classes are found through the bitmap, so the cost
+    /// is the blocks, not the classes.
     fn iter(&self) -> impl Iterator<Item = (u64, u64, BlockId)> + '_ {
-        let first = self.first;
-        self.blocks
-            .iter()
-            .enumerate()
-            .flat_map(move |(index, list)| {
-                let size = (first + index) as u64 * MIN_BLOCK_SIZE;
-                list.iter()
-                    .map(move |&(address, block)| (size, address, block))
-            })
+        self.occupied_indices().flat_map(move |index| {
+            let size = (self.first + index) as u64 * MIN_BLOCK_SIZE;
+            self.list(index)
+                .iter()
+                .map(move |&(address, block)| (size, address, block))
+        })
     }
 }
 
@@ -229,7 +246,7 @@ impl FreeList {
                     .div_ceil(MIN_BLOCK_SIZE)
                     .max(self.min_size / MIN_BLOCK_SIZE);
                 let index = classes.first_occupied(class as usize - classes.first)?;
-                let (address, block) = classes.blocks[index][0];
+                let (address, block) = classes.list(index)[0];
                 let size = (classes.first + index) as u64 * MIN_BLOCK_SIZE;
                 Some((size, address, block))
             });
@@ -268,7 +285,7 @@ impl FreeList {
     ) -> Option<(u64, BlockId)> {
         let classed = self.stream_classes(stream).and_then(|classes| {
             let in_class = |index: usize, after: u64| {
-                let list = &classes.blocks[index];
+                let list = classes.list(index);
                 let at = list.partition_point(|&(a, _)| a <= after);
                 list.get(at)
                     .map(|&(a, b)| ((classes.first + index) as u64 * MIN_BLOCK_SIZE, a, b))
@@ -285,7 +302,7 @@ impl FreeList {
                 None => return None,
             };
             let index = classes.first_occupied(from)?;
-            let &(a, b) = classes.blocks[index].first()?;
+            let &(a, b) = classes.list(index).first()?;
             Some(((classes.first + index) as u64 * MIN_BLOCK_SIZE, a, b))
         });
         let from = Key {
@@ -351,7 +368,7 @@ impl FreeList {
             .flat_map(|c| {
                 c.occupied_indices().flat_map(move |index| {
                     let size = (c.first + index) as u64 * MIN_BLOCK_SIZE;
-                    c.blocks[index]
+                    c.list(index)
                         .iter()
                         .map(move |&(address, block)| (c.stream, size, address, block))
                 })
@@ -376,7 +393,17 @@ impl FreeList {
             }
         }
         for c in &self.classes {
-            for (index, list) in c.blocks.iter().enumerate() {
+            for (word, group) in c.groups.iter().enumerate() {
+                if !group.is_empty() && group.len() != 64 {
+                    return Err(format!(
+                        "group {word} of {:?} holds {} vectors, not 64",
+                        c.stream,
+                        group.len()
+                    ));
+                }
+            }
+            for index in 0..c.occupied.len() * 64 {
+                let list = c.list(index);
                 if !list.windows(2).all(|p| p[0].0 < p[1].0) {
                     return Err(format!(
                         "class {} of {:?} not in address order",
@@ -530,15 +557,15 @@ mod tests {
         assert_eq!(
             check_after(|l| {
                 let i = index(l, 2 * MIB);
-                l.classes[0].blocks[i].swap(0, 1);
+                l.classes[0].list_mut(i).swap(0, 1);
             }),
             "class 4096 of DeviceStream(0) not in address order"
         );
         assert_eq!(
             check_after(|l| {
                 let i = index(l, 2 * MIB);
-                let first = l.classes[0].blocks[i][0];
-                l.classes[0].blocks[i][1] = first;
+                let list = l.classes[0].list_mut(i);
+                list[1] = list[0];
             }),
             "class 4096 of DeviceStream(0) not in address order",
             "an address listed twice is out of order too"
@@ -547,7 +574,7 @@ mod tests {
         assert_eq!(
             check_after(|l| {
                 let i = index(l, 3 * MIB);
-                l.classes[0].blocks[i].clear();
+                l.classes[0].list_mut(i).clear();
             }),
             "class 6144 of DeviceStream(0): bitmap says true, 0 blocks"
         );
@@ -564,6 +591,14 @@ mod tests {
                 l.classes[0].occupied[i / 64] &= !(1 << (i % 64));
             }),
             "class 40960 of DeviceStream(0): bitmap says false, 1 blocks"
+        );
+        // 2 MiB is index 2047 of the large list: group 31.
+        assert_eq!(
+            check_after(|l| {
+                let i = index(l, 2 * MIB);
+                l.classes[0].groups[i / 64].pop();
+            }),
+            "group 31 of DeviceStream(0) holds 63 vectors, not 64"
         );
         // 20 MiB is index 38911: word 607, bit 31 of summary word 9.
         assert_eq!(
@@ -591,17 +626,27 @@ mod tests {
         );
     }
 
-    /// A stream's classes hold one vector per class size of the range and no more: the small
-    /// list 512 B to 2 MiB (4096 classes), the large one 1 MiB + 512 B to 32 MiB (63488
-    /// classes, the 1.5 MiB of vectors per stream that `LARGE_CLASS_LIMIT` is sized by).
+    /// A stream's classes cover every class size of the range and no more (the small list
+    /// 512 B to 2 MiB: 4096 classes, 64 bitmap words; the large one 1 MiB + 512 B to 32 MiB:
+    /// 63488 classes, 992 words), with one group of vectors per bitmap word, and only the
+    /// group of a size that was listed holds vectors: listing a 2 MiB block makes 64 vectors,
+    /// not 63488.
     #[test]
-    fn a_stream_gets_one_class_per_size_of_the_range() {
-        for (mut list, count, words) in [(small(), 4096, 64), (large(), 63488, 992)] {
+    fn a_stream_makes_the_class_vectors_of_the_sizes_it_lists() {
+        for (mut list, words) in [(small(), 64), (large(), 992)] {
             list.insert(S1, 2 * MIB, 0, BlockId::for_test(1));
             let classes = &list.classes[0];
-            assert_eq!(classes.blocks.len(), count);
             assert_eq!(classes.occupied.len(), words);
             assert_eq!(classes.summary.len(), words.div_ceil(64));
+            assert_eq!(classes.groups.len(), words);
+            let made: Vec<usize> = (0..words)
+                .filter(|&w| !classes.groups[w].is_empty())
+                .collect();
+            let index = (2 * MIB / MIN_BLOCK_SIZE) as usize - classes.first;
+            assert_eq!(made, [index / 64]);
+            assert_eq!(classes.groups[index / 64].len(), 64);
+            assert_eq!(classes.list(index), [(0, BlockId::for_test(1))]);
+            assert!(classes.list(index - 64).is_empty());
         }
     }
 

@@ -45,8 +45,9 @@ use crate::alloc::stack::Stack;
 use crate::alloc::units::MIB;
 use events::PendingFree;
 
-/// The largest large-pool block size kept in size classes (1.5 MiB of class vectors per
-/// stream); larger free blocks live in an ordered map.
+/// The largest large-pool block size kept in size classes (8 KiB of bitmap per stream, and
+/// 1.5 KiB of vectors for each group of 64 sizes a stream lists); larger free blocks live in
+/// an ordered map.
 const LARGE_CLASS_LIMIT: u64 = 32 * MIB;
 use crate::alloc::stats::MemoryStats;
 use crate::device::{DeviceMemory, DeviceStream};
