@@ -2,7 +2,7 @@
 //! `MemoryManagement` over `EngineStorage`, with the amortised reclaim policy), on the
 //! simulated device. Every parameter is a new size over 10 MiB, so every reservation is a new
 //! large size (a placement reclaim candidate), misses both caches and would grow the engine:
-//! the worst case for the reclaim. With the budget (4 slice-visits per reservation, 32 more
+//! the worst case for the reclaim. With the budget (2 slice-visits per reservation, 32 more
 //! per new large size) the time per parameter stays flat as n grows from 1,000 to 10,000; a
 //! reclaim at every miss would make it grow linearly (the scan covers every live slice).
 

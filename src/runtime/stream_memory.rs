@@ -54,8 +54,15 @@
 //!   most about `GROWTH_STEP` x ln(growth factor) such walks while memory only grows, each in
 //!   front of a device allocation anyway.
 //!
-//! On the replay's built-in traces this keeps `caching-stack` within 5 % of the engine
-//! alone's peak reserved memory (README, Results).
+//! On the replay's generated traces this keeps `caching-stack` within 9 % of the engine
+//! alone's peak reserved memory but on `cnn-mnist` (22 against 18 MiB), and at most CubeCL's
+//! own pool's on every recorded Burn trace (README, Results). The credit per reservation is the trade between the two costs:
+//! a walk visits every slice of the stream, about 85 ns each on the replay's machine, so
+//! the walks cost about `CREDIT_PER_RESERVE` x 85 ns per reservation. With 4 they were 40 %
+//! of the stack's time on `cnn-mnist` and 68 % on `random-loguniform`; 2 halves that for
+//! 190 MiB more on `random-loguniform` (2408 against 2218 MiB, CubeCL's pool 2616), and 1
+//! let the free slices of varying shapes pile up (`transformer-varlen` with expandable
+//! segments 2448 MiB, 1.23x its live peak, against 2146 with 2).
 //!
 //! While the engine records its history ([`ReclaimPolicy::EveryReserve`]), the stream reclaims
 //! before every reservation instead: CubeCL's exact-size reuse is bypassed, so every tensor's
@@ -75,8 +82,9 @@ use super::storage::{Growth, PersistentManager, persistent_manager};
 use crate::alloc::{AllocError, CachingAllocator, PoolKind};
 use crate::device::{DeviceMemory, DeviceStream};
 
-/// Slice-visits of reclaim work each reservation pays for.
-pub(crate) const CREDIT_PER_RESERVE: u64 = 4;
+/// Slice-visits of reclaim work each reservation pays for (see the module documentation
+/// for why 2).
+pub(crate) const CREDIT_PER_RESERVE: u64 = 2;
 
 /// Slice-visits a pool miss of a large request of a new size adds to the budget.
 pub(crate) const NEW_SIZE_CREDIT: u64 = 32;

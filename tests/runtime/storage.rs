@@ -19,7 +19,7 @@ const STREAM: DeviceStream = DeviceStream(7);
 
 /// Slice visits a reservation adds to the reclaim budget: the library's (private)
 /// `CREDIT_PER_RESERVE`.
-const CREDIT_PER_RESERVE: u64 = 4;
+const CREDIT_PER_RESERVE: u64 = 2;
 
 /// Slice visits a large request of a new size adds: the library's `NEW_SIZE_CREDIT`.
 const NEW_SIZE_CREDIT: u64 = 32;
@@ -452,15 +452,24 @@ fn out_of_memory_reclaims_unconditionally_then_succeeds() {
 
     // 14 MiB is a new large size, but nothing shows that tensors were dropped (the last walk
     // released nothing, CubeCL reused nothing): no placement walk. The would-grow miss finds
-    // the budget short (8 slices to scan, 7 credits) and no sign either, so it goes to the
-    // engine without reclaiming; the device is full of CubeCL's free slices and the engine
-    // has nothing cached: it fails. The stream then reclaims unconditionally and retries.
+    // the budget short (8 slices to scan; 6 credits: the eight 12 MiB reservations earned 16
+    // and their walks of 1, 1, 2, 3 and 5 slices spent 12, and this one earns 2) and no sign
+    // either, so it goes to the engine without reclaiming; the device is full of CubeCL's
+    // free slices and the engine has nothing cached: it fails. The stream then reclaims
+    // unconditionally and retries.
+    let before = memory.counters();
+    assert_eq!(before.reclaims, 5, "{before:?}");
     let handle = memory
         .reserve(14 * MIB)
         .expect("reserve after the out-of-memory reclaim");
     let counters = memory.counters();
     assert_eq!(counters.placement_reclaims, 0, "{counters:?}");
-    assert_eq!(counters.skipped_reclaims, 1, "{counters:?}");
+    assert_eq!(counters.reclaims, before.reclaims, "{counters:?}");
+    assert_eq!(
+        counters.skipped_reclaims,
+        before.skipped_reclaims + 1,
+        "{counters:?}"
+    );
     assert_eq!(counters.oom_reclaims, 1, "{counters:?}");
     assert_eq!(memory.manager().storage().blocks(), 1);
     assert_eq!(device.live_segments().len(), 1);
