@@ -275,6 +275,14 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         self.malloc_with(size, stream, MissPath::CacheOnly)
     }
 
+    /// Whether a cached free block of `stream` is exactly the size a request of `size` bytes
+    /// rounds to. Best fit would place the request there whatever else were freed first
+    /// (no block between the two sizes can exist), which lets a caching layer above skip
+    /// handing its own free memory back before this request.
+    pub fn has_exact_fit(&self, size: u64, stream: DeviceStream) -> bool {
+        self.engine.lock().has_exact_fit(size, stream)
+    }
+
     /// Allocates by every means short of flushing the cache: a cached block, new device
     /// memory, the release of oversize cached blocks. `Ok(None)` where only the flush could
     /// help, with nothing counted or observed: for a caller with caches of its own above the

@@ -265,3 +265,33 @@ fn a_memory_fraction_of_one_sets_no_limit() {
         alloc.free(first).unwrap();
     }
 }
+
+/// `has_exact_fit` (what the stack asks before a placement walk): whether the best fit for a
+/// request is a cached block of exactly the request's rounded size, on the request's stream.
+#[test]
+fn has_exact_fit_is_a_cached_block_of_exactly_the_rounded_size_on_the_stream() {
+    let (alloc, device) = allocator(1 << 30, "");
+    let large = alloc.malloc(12 * MIB, S0).unwrap();
+    assert!(!alloc.has_exact_fit(12 * MIB, S0), "nothing is cached");
+    alloc.free(large).unwrap();
+    assert!(alloc.has_exact_fit(12 * MIB, S0));
+    assert!(alloc.has_exact_fit(12 * MIB - 100, S0), "rounds to 12 MiB");
+    assert!(
+        !alloc.has_exact_fit(11 * MIB, S0),
+        "the 12 MiB block fits 11 MiB, not exactly"
+    );
+    assert!(!alloc.has_exact_fit(12 * MIB, S1), "another stream's block");
+
+    // In the small pool: a free 1 KiB block between the segment's start and a live block.
+    let first = alloc.malloc(KIB, S0).unwrap();
+    let second = alloc.malloc(KIB, S0).unwrap();
+    alloc.free(first).unwrap();
+    assert!(alloc.has_exact_fit(1000, S0), "1000 B rounds to 1 KiB");
+    assert!(!alloc.has_exact_fit(512, S0));
+    alloc.free(second).unwrap();
+    assert!(
+        !alloc.has_exact_fit(KIB, S0),
+        "coalesced back into the free 2 MiB segment"
+    );
+    check_invariants(&alloc, &device);
+}

@@ -224,6 +224,56 @@ fn a_new_large_size_reclaims_before_the_engine_places_it() {
 }
 
 #[test]
+fn a_new_large_size_with_an_exact_cached_fit_goes_there_without_a_walk() {
+    let (device, allocator) = engine(1 << 40);
+    let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props());
+
+    // A 16 MiB and a 12 MiB tensor, each in a segment of its own. The 16 MiB one is dropped
+    // and a walk hands its slice back: the engine caches a free 16 MiB block, and the walk
+    // released a slice (tensors are being dropped). Then the 12 MiB tensor is dropped:
+    // CubeCL keeps its free slice.
+    let sixteen = memory.reserve(16 * MIB).expect("reserve");
+    let twelve = memory.reserve(12 * MIB).expect("reserve");
+    drop(sixteen);
+    memory.reclaim();
+    drop(twelve);
+    assert_eq!(memory.manager().storage().blocks(), 1);
+    let before = memory.counters();
+
+    // 16 MiB less 256 B: a size this stream never reserved (CubeCL's key is the size padded
+    // to 256 B), so a placement candidate, and the budget would pay for a walk. But it rounds
+    // to 16 MiB in the engine, which caches a block of exactly that size: best fit takes it
+    // whatever a walk would hand back, so there is no walk, and CubeCL keeps its free 12 MiB
+    // slice for the next 12 MiB tensor.
+    let almost = memory.reserve(16 * MIB - 256).expect("reserve");
+    let after = memory.counters();
+    assert_eq!(
+        after.placement_reclaims, before.placement_reclaims,
+        "{after:?}"
+    );
+    assert_eq!(after.reclaim_work, before.reclaim_work, "{after:?}");
+    assert_eq!(memory.manager().storage().blocks(), 2);
+    assert_eq!(
+        device.counters().allocs,
+        2,
+        "the cached 16 MiB block served it"
+    );
+
+    // 11 MiB has no exact fit (the engine caches nothing now): the stream walks first, and
+    // best fit takes the 12 MiB block the walk handed back instead of a new segment.
+    let eleven = memory.reserve(11 * MIB).expect("reserve");
+    let last = memory.counters();
+    assert_eq!(
+        last.placement_reclaims,
+        after.placement_reclaims + 1,
+        "{last:?}"
+    );
+    assert_eq!(memory.manager().storage().blocks(), 2);
+    assert_eq!(device.counters().allocs, 2, "no third segment");
+    drop((almost, eleven));
+}
+
+#[test]
 fn a_fixed_shape_loop_keeps_cubecls_reuse_and_never_walks() {
     let (device, allocator) = engine(1 << 40);
     let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props());

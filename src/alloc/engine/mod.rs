@@ -339,6 +339,15 @@ impl<D: DeviceMemory> Engine<D> {
         (rounded, PoolKind::for_size(rounded))
     }
 
+    /// Whether the best fit for a request of `size` bytes on `stream` is a cached block of
+    /// exactly its rounded size.
+    pub fn has_exact_fit(&self, size: u64, stream: DeviceStream) -> bool {
+        let (rounded, pool) = self.block_for(size);
+        self.free_list_ref(pool)
+            .best_fit(stream, rounded)
+            .is_some_and(|(found, _)| found == rounded)
+    }
+
     /// Serves a request; `Ok(None)` only on a miss with [`MissPath::CacheOnly`], or with
     /// [`MissPath::BeforeFlush`] where only the cache flush could help.
     pub fn malloc(
