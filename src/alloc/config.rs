@@ -435,7 +435,6 @@ fn parse_megabytes(key: &str, value: &str) -> Result<u64, ConfigError> {
     }
 }
 
-/// A number in (0, 1] when `one_allowed`, else in (0, 1).
 /// A boolean in PyTorch's spelling, `True`/`False` (its tokenizer's), or `true`/`false`/`1`/`0`.
 fn parse_true_false(key: &str, value: &str) -> Result<bool, ConfigError> {
     match value {
@@ -445,6 +444,7 @@ fn parse_true_false(key: &str, value: &str) -> Result<bool, ConfigError> {
     }
 }
 
+/// A number in (0, 1] when `one_allowed`, else in (0, 1).
 fn parse_fraction(key: &str, value: &str, one_allowed: bool) -> Result<f64, ConfigError> {
     let range = if one_allowed { "(0, 1]" } else { "(0, 1)" };
     match value.parse::<f64>() {

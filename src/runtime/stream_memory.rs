@@ -61,14 +61,14 @@
 //!
 //! On the replay's generated traces this keeps `caching-stack` within 9 % of the engine
 //! alone's peak reserved memory but on `cnn-mnist` (22 against 18 MiB), and at most CubeCL's
-//! own pool's on every recorded Burn trace (README, Results). The credit per reservation is the trade between the two costs:
-//! a walk visits every slice of the stream, about 85 ns each on the replay's machine, so
-//! the walks cost about `CREDIT_PER_RESERVE` x 85 ns per reservation. With 4 they were 40 %
-//! of the stack's time on `cnn-mnist` and 68 % on `random-loguniform`; 2 halves that for
-//! 190 MiB more on `random-loguniform` (2408 against 2218 MiB, CubeCL's pool 2616), and 1
-//! let the free slices of varying shapes pile up (`transformer-varlen` with expandable
-//! segments 2448 MiB, 1.23x its live peak, against 2146 with 2; 2088 with the exact-fit
-//! rule of step 1 too).
+//! own pool's on every recorded Burn trace (README, Results). The credit per reservation is
+//! the trade between the two costs: a walk visits every slice of the stream, about 85 ns
+//! each on the replay's machine, so the walks cost about `CREDIT_PER_RESERVE` x 85 ns per
+//! reservation. With 4 they were 40 % of the stack's time on `cnn-mnist` and 68 % on
+//! `random-loguniform`; 2 halves that for 190 MiB more on `random-loguniform` (2408 against
+//! 2218 MiB, CubeCL's pool 2616), and 1 let the free slices of varying shapes pile up
+//! (`transformer-varlen` with expandable segments 2448 MiB, 1.23x its live peak, against
+//! 2146 with 2; 2088 with the exact-fit rule of step 1 too).
 //!
 //! While the engine records its history ([`ReclaimPolicy::EveryReserve`]), the stream reclaims
 //! before every reservation instead: CubeCL's exact-size reuse is bypassed, so every tensor's
@@ -120,9 +120,14 @@ impl ReclaimBudget {
         self.credits = self.credits.saturating_add(credit);
     }
 
+    /// Whether the budget covers `cost` slice-visits.
+    pub(crate) fn covers(&self, cost: u64) -> bool {
+        self.credits >= cost
+    }
+
     /// Spends `cost` slice-visits if the budget covers them.
     pub(crate) fn try_spend(&mut self, cost: u64) -> bool {
-        if self.credits >= cost {
+        if self.covers(cost) {
             self.credits -= cost;
             true
         } else {
@@ -323,8 +328,13 @@ impl<D: DeviceMemory> StreamMemory<D> {
                     Err(None) => {}
                 }
             }
+            // The exact-fit question takes the engine's lock: asked only when the budget
+            // could pay for the walk.
             let cost = self.walk_cost();
-            if !self.exact_fit_cached(size) && self.budget.try_spend(cost) {
+            if self.budget.covers(cost)
+                && !self.exact_fit_cached(size)
+                && self.budget.try_spend(cost)
+            {
                 self.counters.placement_reclaims += 1;
                 self.reclaim();
             }
@@ -401,9 +411,14 @@ impl<D: DeviceMemory> StreamMemory<D> {
         if self.seen_sizes.len() >= MAX_SEEN_SIZES {
             self.seen_sizes.clear();
         }
-        // Checked: a size near `u64::MAX` is refused later by the engine, never wrapped here.
-        let padded = size.checked_next_multiple_of(self.alignment);
-        self.seen_sizes.insert(padded.unwrap_or(u64::MAX))
+        let padded = self.padded(size).unwrap_or(u64::MAX);
+        self.seen_sizes.insert(padded)
+    }
+
+    /// `size` padded to CubeCL's alignment: what CubeCL asks the storage for, and its pool's
+    /// key. Checked: a size near `u64::MAX` is refused later by the engine, never wrapped here.
+    fn padded(&self, size: u64) -> Option<u64> {
+        size.checked_next_multiple_of(self.alignment)
     }
 
     /// Whether a walk could find a free slice: the last one released some, or CubeCL has
@@ -418,7 +433,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
     /// block whatever a walk would hand back (a walk could only add others of the same size),
     /// so a placement walk would not change where it goes.
     fn exact_fit_cached(&mut self, size: u64) -> bool {
-        let Some(padded) = size.checked_next_multiple_of(self.alignment) else {
+        let Some(padded) = self.padded(size) else {
             return false;
         };
         let storage = self.manager.storage();
