@@ -66,9 +66,9 @@
 //! each on the replay's machine, so the walks cost about `CREDIT_PER_RESERVE` x 85 ns per
 //! reservation. With 4 they were 40 % of the stack's time on `cnn-mnist` and 68 % on
 //! `random-loguniform`; 2 halves that for 190 MiB more on `random-loguniform` (2408 against
-//! 2218 MiB, CubeCL's pool 2616), and 1 let the free slices of varying shapes pile up
-//! (`transformer-varlen` with expandable segments 2448 MiB, 1.23x its live peak, against
-//! 2146 with 2; 2088 with the exact-fit rule of step 1 too).
+//! 2218 MiB, CubeCL's pool 2616; 2396 with the exact-fit rule of step 1), and 1 let the
+//! free slices of varying shapes pile up (`transformer-varlen` with expandable segments
+//! 2448 MiB, 1.23x its live peak, against 2146 with 2; 2088 with the exact-fit rule too).
 //!
 //! While the engine records its history ([`ReclaimPolicy::EveryReserve`]), the stream reclaims
 //! before every reservation instead: CubeCL's exact-size reuse is bypassed, so every tensor's
