@@ -43,7 +43,8 @@ pub enum LaunchCount<H> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetadataLayout {
     /// The driver binds the whole info itself: [`Launch::info`] holds all of it and
-    /// [`Launch::metadata`] is `None` (wgpu: a storage buffer per dispatch).
+    /// [`Launch::metadata`] is `None` (wgpu: written into the driver's metadata arena and
+    /// bound at its own offset).
     DriverBinding,
     /// The whole info in a device buffer the server fills: [`Launch::metadata`] holds it,
     /// [`Launch::info`] is empty (CUDA before sm_70: an `info` pointer after the buffers).

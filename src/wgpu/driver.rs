@@ -3,7 +3,15 @@
 //! wgpu gives a device one in-order queue. All CubeCL streams record into one command encoder
 //! and submit to that queue, so work runs in the order it was issued whatever its stream, and
 //! stream events are no-ops. `queue.write_buffer` runs at the next submit, *before* the command
-//! buffers of that submit, so every write first submits the commands recorded so far.
+//! buffers of that submit, so every write of tensor data first submits the commands recorded
+//! so far.
+//!
+//! A launch costs what it costs in `cubecl-wgpu`: the launches of one submit share one compute
+//! pass, and a launch's scalars and metadata go into an [`InfoArena`] at an offset of their own
+//! (no buffer is created per launch). That ordering is what makes the arena safe: the arena's
+//! writes for a batch run at its submit, before the batch's commands, and each launch's bytes
+//! have their own offset; after the submit the arena starts again at offset 0, and the next
+//! batch's writes run after this batch's commands, in queue order.
 
 use std::borrow::Cow;
 use std::num::NonZeroU64;
@@ -19,7 +27,6 @@ use cubecl_runtime::server::{
     ExecutionMode, KernelArguments, LaunchError, ResourceLimitError, ServerError,
 };
 use cubecl_wgpu::WgslCompiler;
-use wgpu::util::DeviceExt;
 
 use super::memory::{WgpuMemory, host_memory_total};
 use super::setup;
@@ -32,6 +39,118 @@ const TASKS_PER_SUBMIT: usize = 32;
 const WRITES_PER_SUBMIT: usize = 64;
 /// Host memory assumed when `/proc/meminfo` cannot be read.
 const FALLBACK_TOTAL: u64 = 8 << 30;
+/// The info arena's first buffer, in bytes (a batch of small kernels' metadata).
+const ARENA_START: u64 = 64 << 10;
+/// The smallest metadata binding in bytes (shorter metadata are padded with zeros, as since
+/// the driver's first version).
+const MIN_INFO: usize = 32;
+
+/// The metadata of the launches recorded since the last submit, each at its own offset of one
+/// buffer (see the module documentation for why reuse after a submit is safe).
+///
+/// When a batch's metadata outgrow the buffer, a larger one replaces it for the rest of the
+/// batch; the launches already recorded keep the old one alive through their bind groups
+/// until their submit has run. The arena keeps one buffer, of the largest size a batch
+/// needed, outside the engine, as `cubecl-wgpu`'s uniform pool is outside its main pool.
+struct InfoArena {
+    buffer: Option<wgpu::Buffer>,
+    layout: ArenaLayout,
+}
+
+impl InfoArena {
+    /// An empty arena whose offsets are multiples of `alignment`.
+    fn new(alignment: u64) -> Self {
+        Self {
+            buffer: None,
+            layout: ArenaLayout::new(alignment),
+        }
+    }
+
+    /// Queues a write of `bytes` (a multiple of 4 bytes, not empty) at an offset no other
+    /// launch of the batch uses; returns the buffer and the offset.
+    fn push(
+        &mut self,
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        bytes: &[u8],
+    ) -> (wgpu::Buffer, u64) {
+        let place = self.layout.place(bytes.len() as u64);
+        if let Some(capacity) = place.new_buffer {
+            self.buffer = Some(device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("burn-caching-alloc kernel metadata"),
+                size: capacity,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let buffer = self
+            .buffer
+            .clone()
+            .expect("the first placement makes the arena's buffer");
+        queue.write_buffer(&buffer, place.offset, bytes);
+        (buffer, place.offset)
+    }
+
+    /// The batch was submitted: its writes run before it, the next batch's after it.
+    fn reset(&mut self) {
+        self.layout.reset();
+    }
+}
+
+/// Where one launch's metadata go in the arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Placement {
+    offset: u64,
+    /// The capacity of the buffer to make first, when the current one cannot hold them.
+    new_buffer: Option<u64>,
+}
+
+/// The arena's offsets, without the device: a bump cursor over a buffer of `capacity` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ArenaLayout {
+    capacity: u64,
+    cursor: u64,
+    alignment: u64,
+}
+
+impl ArenaLayout {
+    /// No buffer yet; offsets are multiples of `alignment` (the device's storage-binding
+    /// offset alignment) and of wgpu's copy alignment.
+    fn new(alignment: u64) -> Self {
+        Self {
+            capacity: 0,
+            cursor: 0,
+            alignment: alignment.max(wgpu::COPY_BUFFER_ALIGNMENT),
+        }
+    }
+
+    /// Places `len` bytes after the batch's earlier ones, in a new buffer (twice the old
+    /// capacity, at least [`ARENA_START`] and `len`) when they do not fit.
+    fn place(&mut self, len: u64) -> Placement {
+        let offset = self.cursor.next_multiple_of(self.alignment);
+        if self.capacity > 0 && offset + len <= self.capacity {
+            self.cursor = offset + len;
+            return Placement {
+                offset,
+                new_buffer: None,
+            };
+        }
+        let capacity = (self.capacity * 2)
+            .max(ARENA_START)
+            .max(len.next_power_of_two());
+        self.capacity = capacity;
+        self.cursor = len;
+        Placement {
+            offset: 0,
+            new_buffer: Some(capacity),
+        }
+    }
+
+    /// A new batch starts at offset 0 of the same buffer.
+    fn reset(&mut self) {
+        self.cursor = 0;
+    }
+}
 
 /// A compiled WGSL kernel.
 pub struct WgpuKernel {
@@ -51,7 +170,11 @@ pub struct WgpuDriver {
     adapter_type: wgpu::DeviceType,
     properties: DeviceProperties,
     options: WgpuCompilationOptions,
+    /// The compute pass the launches since the last submit (or copy) record into. Declared
+    /// before `encoder`, so that it is dropped (ended) first.
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
+    info: InfoArena,
     tasks: usize,
     writes: usize,
     max_binding_size: u64,
@@ -74,7 +197,9 @@ fn generic(reason: String) -> ServerError {
 }
 
 impl WgpuDriver {
+    /// The encoder, for a command outside a compute pass: the open pass (if any) ends first.
     fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
         let device = &self.device;
         self.encoder.get_or_insert_with(|| {
             device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -83,12 +208,33 @@ impl WgpuDriver {
         })
     }
 
+    /// The compute pass launches record into, begun on the encoder if none is open.
+    fn pass(&mut self) -> &mut wgpu::ComputePass<'static> {
+        if self.pass.is_none() {
+            let pass = self
+                .encoder()
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: None,
+                })
+                // The pass is kept between launches; it is dropped (ended) before the encoder
+                // is used for anything else or finished (`encoder`, `submit`), which wgpu
+                // checks at run time.
+                .forget_lifetime();
+            self.pass = Some(pass);
+        }
+        self.pass.as_mut().expect("a compute pass was just begun")
+    }
+
     /// Submits the recorded commands (and, with them, every pending queue write).
     fn submit(&mut self) -> Option<wgpu::SubmissionIndex> {
+        self.pass = None;
         let encoder = self.encoder.take()?;
         self.tasks = 0;
         self.writes = 0;
-        Some(self.queue.submit([encoder.finish()]))
+        let index = self.queue.submit([encoder.finish()]);
+        self.info.reset();
+        Some(index)
     }
 
     fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> Result<(), ServerError> {
@@ -138,7 +284,9 @@ impl Driver for WgpuDriver {
             backend: setup.backend,
             properties,
             options,
+            pass: None,
             encoder: None,
+            info: InfoArena::new(limits.min_storage_buffer_offset_alignment as u64),
             tasks: 0,
             writes: 0,
             max_binding_size: limits.max_storage_buffer_binding_size,
@@ -270,13 +418,10 @@ impl Driver for WgpuDriver {
     ) -> Result<(), ServerError> {
         let info = (!launch.info.is_empty()).then(|| {
             let mut bytes: Vec<u8> = launch.info.iter().flat_map(|v| v.to_le_bytes()).collect();
-            bytes.resize(bytes.len().max(32), 0);
-            self.device
-                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("burn-caching-alloc metadata"),
-                    contents: &bytes,
-                    usage: wgpu::BufferUsages::STORAGE,
-                })
+            bytes.resize(bytes.len().max(MIN_INFO), 0);
+            let len = bytes.len() as u64;
+            let (buffer, offset) = self.info.push(&self.device, &self.queue, &bytes);
+            (buffer, offset, len)
         });
         let mut entries: Vec<wgpu::BindGroupEntry> = launch
             .buffers
@@ -287,10 +432,14 @@ impl Driver for WgpuDriver {
                 resource: Self::binding(r),
             })
             .collect();
-        if let Some(info) = &info {
+        if let Some((buffer, offset, len)) = &info {
             entries.push(wgpu::BindGroupEntry {
                 binding: entries.len() as u32,
-                resource: info.as_entire_binding(),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset: *offset,
+                    size: NonZeroU64::new(*len),
+                }),
             });
         }
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -298,18 +447,12 @@ impl Driver for WgpuDriver {
             layout: &launch.kernel.layout,
             entries: &entries,
         });
-        {
-            let encoder = self.encoder();
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: None,
-                timestamp_writes: None,
-            });
-            pass.set_pipeline(&launch.kernel.pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
-            match &launch.count {
-                LaunchCount::Static(x, y, z) => pass.dispatch_workgroups(*x, *y, *z),
-                LaunchCount::Dynamic(r) => pass.dispatch_workgroups_indirect(&r.segment, r.offset),
-            }
+        let pass = self.pass();
+        pass.set_pipeline(&launch.kernel.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        match &launch.count {
+            LaunchCount::Static(x, y, z) => pass.dispatch_workgroups(*x, *y, *z),
+            LaunchCount::Dynamic(r) => pass.dispatch_workgroups_indirect(&r.segment, r.offset),
         }
         self.tasks += 1;
         if self.tasks >= TASKS_PER_SUBMIT {
@@ -434,5 +577,96 @@ impl Driver for WgpuDriver {
 
     fn synchronize_event(&mut self, _event: &()) -> Result<(), ServerError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Placements in one batch never overlap and respect the alignment; the first one makes
+    /// the buffer; one that does not fit makes a buffer twice as large and starts it at 0.
+    #[test]
+    fn a_batch_gets_disjoint_aligned_offsets_and_grows_by_doubling() {
+        let mut layout = ArenaLayout::new(256);
+        assert_eq!(
+            layout.place(40),
+            Placement {
+                offset: 0,
+                new_buffer: Some(ARENA_START)
+            }
+        );
+        assert_eq!(
+            layout.place(40),
+            Placement {
+                offset: 256,
+                new_buffer: None
+            }
+        );
+        assert_eq!(
+            layout.place(300),
+            Placement {
+                offset: 512,
+                new_buffer: None
+            }
+        );
+        // 812 bytes used; the next 256-aligned offset is 1024. Fill up to the last byte.
+        let rest = ARENA_START - 1024;
+        assert_eq!(
+            layout.place(rest),
+            Placement {
+                offset: 1024,
+                new_buffer: None
+            }
+        );
+        assert_eq!(
+            layout.place(8),
+            Placement {
+                offset: 0,
+                new_buffer: Some(2 * ARENA_START)
+            }
+        );
+        assert_eq!(layout.cursor, 8);
+    }
+
+    /// Metadata larger than twice the buffer get a buffer of their own size (a power of two).
+    #[test]
+    fn oversized_metadata_get_a_buffer_that_holds_them() {
+        let mut layout = ArenaLayout::new(16);
+        let big = 5 * ARENA_START + 8;
+        assert_eq!(
+            layout.place(big),
+            Placement {
+                offset: 0,
+                new_buffer: Some(big.next_power_of_two())
+            }
+        );
+        assert_eq!(layout.capacity, 8 * ARENA_START);
+    }
+
+    /// After a submit the next batch reuses the buffer from offset 0; no new buffer is made.
+    #[test]
+    fn a_submit_restarts_the_batch_in_the_same_buffer() {
+        let mut layout = ArenaLayout::new(64);
+        layout.place(100);
+        layout.place(100);
+        layout.reset();
+        assert_eq!(
+            layout.place(100),
+            Placement {
+                offset: 0,
+                new_buffer: None
+            }
+        );
+        assert_eq!(layout.capacity, ARENA_START);
+    }
+
+    /// An alignment below wgpu's copy alignment is raised to it (`write_buffer` offsets are
+    /// multiples of 4).
+    #[test]
+    fn offsets_are_multiples_of_the_copy_alignment() {
+        let mut layout = ArenaLayout::new(1);
+        layout.place(6);
+        assert_eq!(layout.place(4).offset, 8);
     }
 }

@@ -4,8 +4,9 @@
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
 //! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`,
-//!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `memory_report_wgpu`,
-//!   `oom_observers_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on `CachingWgpu` (fused) and
+//!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`,
+//!   `memory_report_wgpu`, `oom_observers_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on
+//!   `CachingWgpu` (fused) and
 //!   `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
 //!   `memory_metric_wgpu` (features `wgpu` and `train`): the burn-train metrics;
 //! - `multi_device_wgpu` (feature `wgpu`): two caching devices in one process (`Cpu` and
@@ -55,6 +56,8 @@ mod configure_wgpu;
 mod expandable_wgpu;
 #[cfg(feature = "wgpu")]
 mod history_wgpu;
+#[cfg(feature = "wgpu")]
+mod launches_wgpu;
 #[cfg(all(feature = "wgpu", feature = "train"))]
 mod memory_metric_wgpu;
 #[cfg(feature = "wgpu")]
