@@ -6,12 +6,12 @@
 //! buffers of that submit, so every write of tensor data first submits the commands recorded
 //! so far.
 //!
-//! A launch costs what it costs in `cubecl-wgpu`: the launches of one submit share one compute
-//! pass, and a launch's scalars and metadata go into an [`InfoArena`] at an offset of their own
-//! (no buffer is created per launch). That ordering is what makes the arena safe: the arena's
-//! writes for a batch run at its submit, before the batch's commands, and each launch's bytes
-//! have their own offset; after the submit the arena starts again at offset 0, and the next
-//! batch's writes run after this batch's commands, in queue order.
+//! Launches are recorded as `cubecl-wgpu` records them: the launches of one submit share one
+//! compute pass, and a launch's scalars and metadata go into an [`InfoArena`] at an offset of
+//! their own (no buffer is created per launch). That ordering is what makes the arena safe:
+//! the arena's writes for a batch run at its submit, before the batch's commands, and each
+//! launch's bytes have their own offset; after the submit the arena starts again at offset 0,
+//! and the next batch's writes run after this batch's commands, in queue order.
 
 use std::borrow::Cow;
 use std::num::NonZeroU64;
@@ -37,6 +37,9 @@ const TASKS_PER_SUBMIT: usize = 32;
 /// Queue writes before a submit that flushes wgpu's staging copies (cubecl-wgpu does the same:
 /// many writes without a submit exhaust wgpu's staging buffers).
 const WRITES_PER_SUBMIT: usize = 64;
+// Every launch queues one metadata write before its submit, uncounted in `writes`: a submit's
+// launches must stay within the bound on queue writes without a submit.
+const _: () = assert!(TASKS_PER_SUBMIT <= WRITES_PER_SUBMIT);
 /// Host memory assumed when `/proc/meminfo` cannot be read.
 const FALLBACK_TOTAL: u64 = 8 << 30;
 /// The info arena's first buffer, in bytes (a batch of small kernels' metadata).

@@ -6,8 +6,8 @@
 //! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`,
 //!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`,
 //!   `memory_report_wgpu`, `oom_observers_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on
-//!   `CachingWgpu` (fused) and
-//!   `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe in CI);
+//!   `CachingWgpu` (fused) and `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe
+//!   in CI);
 //!   `memory_metric_wgpu` (features `wgpu` and `train`): the burn-train metrics;
 //! - `multi_device_wgpu` (feature `wgpu`): two caching devices in one process (`Cpu` and
 //!   `DefaultDevice`, both lavapipe in CI), tensors moved between them;
