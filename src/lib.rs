@@ -1,6 +1,90 @@
 //! burn-caching-alloc: a PyTorch-style caching allocator for CubeCL, shipped as Burn backends.
 //!
-//! Layers, each knowing only the ones below it:
+//! Where a Burn project writes `Autodiff<Cuda>` it writes `Autodiff<CachingCuda>` (or
+//! `Autodiff<CachingWgpu>` for `Autodiff<Wgpu>`), and every tensor is placed by PyTorch's
+//! CUDA caching rules: large and small pools, best-fit splitting, coalescing on free, and an
+//! out-of-memory path that frees the cache and retries before it fails. What the allocator
+//! holds reads as PyTorch's statistics, summaries and snapshots. The guide (`docs/src/` in the
+//! repository) explains the rules, the configuration and the benchmarks; this documentation
+//! is the API.
+//!
+//! # Switching a Burn project
+//!
+//! The backends are Burn backends like `Wgpu` and `Cuda`, over the same device types; the
+//! memory API takes the device (module `backend`, features `wgpu` or `cuda`):
+//!
+//! ```no_run
+//! # #[cfg(feature = "wgpu")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use burn::backend::Autodiff;
+//! use burn::backend::wgpu::WgpuDevice;
+//! use burn::tensor::Tensor;
+//! use burn_caching_alloc::backend::{self, CachingWgpu};
+//!
+//! type B = Autodiff<CachingWgpu>; // where the project had Autodiff<Wgpu>
+//! let device = WgpuDevice::default();
+//!
+//! let x = Tensor::<B, 2>::ones([256, 256], &device).require_grad();
+//! let loss = x.clone().matmul(x.clone()).sum();
+//! let _grads = loss.backward();
+//!
+//! let stats = backend::memory_stats(&device);
+//! println!("allocated {} B, reserved {} B", stats.memory_allocated(), stats.memory_reserved());
+//! println!("{}", backend::memory_summary(&device)); // like torch.cuda.memory_summary()
+//! backend::empty_cache(&device); // cached segments go back to the device
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "wgpu"))]
+//! # fn main() {}
+//! ```
+//!
+//! The `backend` module walks through the rest of the user API: configuration, snapshots and
+//! the viewer, the leak-or-cache report, out-of-memory observers.
+//!
+//! # The engine on its own
+//!
+//! The engine ([`alloc`]) knows devices only through [`device::DeviceMemory`]; on the
+//! simulated device ([`device::sim::SimDevice`]) it runs anywhere, which is how its rules are
+//! tested. PyTorch's layout, step by step:
+//!
+//! ```
+//! use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, PoolKind};
+//! use burn_caching_alloc::device::{DeviceStream, sim::SimDevice};
+//!
+//! // PyTorch's rules exactly (our defaults differ in two places; see `AllocatorConfig`).
+//! let config = AllocatorConfig::parse("segment_sizing:pytorch,pool_borrowing:false")?;
+//! let alloc = CachingAllocator::new(SimDevice::new(8 << 30), config)?;
+//! let stream = DeviceStream::default();
+//!
+//! // 1000 B rounds up to 1024 B: a small-pool block of a new 2 MiB segment.
+//! let small = alloc.malloc(1000, stream)?;
+//! assert_eq!(small.size(), 1024);
+//! // A 3 MiB request is under 10 MiB: a 20 MiB large-pool segment, split after the block.
+//! let mid = alloc.malloc(3 << 20, stream)?;
+//! let stats = alloc.stats();
+//! assert_eq!(stats.memory_allocated(), 1024 + (3 << 20));
+//! assert_eq!(stats.memory_reserved(), (2 << 20) + (20 << 20));
+//! assert_eq!(stats.segment.pool(PoolKind::Large).current, 1);
+//! assert_eq!(stats.inactive_split.pool(PoolKind::Large).current, 1); // the 17 MiB remainder
+//!
+//! // Freed blocks stay cached: a second 3 MiB request reuses the first one's block.
+//! let address = mid.address();
+//! alloc.free(mid)?;
+//! let again = alloc.malloc(3 << 20, stream)?;
+//! assert_eq!(again.address(), address);
+//! assert_eq!(alloc.stats().num_device_alloc, 2);
+//!
+//! // empty_cache returns every segment without a live block.
+//! alloc.free(again)?;
+//! alloc.empty_cache()?;
+//! assert_eq!(alloc.stats().memory_reserved(), 2 << 20); // `small` still lives
+//! alloc.free(small)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Layers
+//!
+//! Each knows only the ones below it:
 //! - [`alloc`]: the engine (pools, best fit, split, coalesce, statistics, snapshots, traces).
 //!   Pure Rust: it knows devices only through [`device::DeviceMemory`];
 //! - [`device`]: the raw-memory trait, a simulated device and a metering wrapper;
@@ -15,7 +99,14 @@
 //! `device::DeviceStream`, `cuda::CachingCudaRuntime`, `backend::CachingWgpu`, ...); no layer
 //! re-exports what sits above it.
 //!
-//! The MNIST showcase (`examples/mnist`) and the trace replay benchmark (`replay/`) are
+//! # Features
+//!
+//! `cuda` and `wgpu` (the backends), `fusion` and `autotune` (as Burn's defaults have them) are
+//! on by default; `train` adds burn-train memory metrics, `distributed` Burn's data-parallel
+//! training. With no default features the crate is the engine alone, without Burn.
+//!
+//! The MNIST showcase (`examples/mnist`), its burn-train version (`examples/mnist-train`), the
+//! trace replay benchmark (`replay/`) and the side-by-side benchmark (`bench-burn/`) are
 //! workspace crates of their own, built on this API.
 #![warn(unnameable_types)]
 #![warn(missing_docs)]

@@ -1,19 +1,109 @@
 //! Burn backends and the user API.
 //!
-//! ```ignore
+//! `CachingWgpu` and `CachingCuda` (and their `...Unfused` forms) are Burn backends over
+//! Burn's own device types, `WgpuDevice` and `CudaDevice`; every function of this module takes
+//! such a device ([`CachingDevice`]) and reaches the allocator of that device's server. The
+//! examples below need a device, so they are compiled but not run here; the same calls on the
+//! engine alone run in the crate's root documentation.
+//!
+//! # Choosing the backend and configuring a device
+//!
+//! ```no_run
+//! # #[cfg(feature = "wgpu")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use burn::backend::Autodiff;
+//! use burn::backend::wgpu::WgpuDevice;
+//! use burn::tensor::Tensor;
 //! use burn_caching_alloc::alloc::AllocatorConfig;
 //! use burn_caching_alloc::backend::{self, CachingWgpu};
 //!
 //! type B = Autodiff<CachingWgpu>;
-//! let device = burn::backend::wgpu::WgpuDevice::Cpu;
-//! // optional, before the device's first use:
-//! backend::configure(&device, AllocatorConfig::parse("max_split_size_mb:64")?)?;
-//! // ... train ...
-//! let stats = backend::memory_stats(&device);
-//! println!("{}", backend::memory_summary(&device));
-//! backend::empty_cache(&device);
+//! let device = WgpuDevice::default();
+//!
+//! // Optional, before the device's first tensor: this device's configuration. Without it,
+//! // BURN_CACHING_ALLOC_CONF, else the defaults. Too late is an error, never a silent no-op.
+//! backend::configure(&device, AllocatorConfig::parse("max_split_size_mb:128")?)?;
+//! let x = Tensor::<B, 2>::ones([512, 512], &device);
+//! assert!(backend::configure(&device, AllocatorConfig::default()).is_err()); // already open
+//!
+//! // Reserved memory may not pass half the device from here on.
+//! backend::set_per_process_memory_fraction(&device, 0.5)?;
+//! # drop(x);
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "wgpu"))]
+//! # fn main() {}
 //! ```
+//!
+//! # Reading memory
+//!
+//! ```no_run
+//! # #[cfg(feature = "wgpu")]
+//! # fn main() {
+//! use burn::backend::wgpu::WgpuDevice;
+//! use burn::tensor::Tensor;
+//! use burn_caching_alloc::backend::{self, CachingWgpu};
+//!
+//! let device = WgpuDevice::default();
+//! let before = backend::memory_point(&device);
+//! let kept: Vec<_> = (0..4)
+//!     .map(|_| Tensor::<CachingWgpu, 1>::ones([1 << 18], &device).exp())
+//!     .collect();
+//!
+//! // torch.cuda.memory_stats(), with CubeCL's layer beside the engine's numbers.
+//! let stats = backend::memory_stats(&device);
+//! assert!(stats.memory_allocated() >= 4 << 20); // the four 1 MiB tensors are live
+//! println!("reserved {} B, peak {} B", stats.memory_reserved(), stats.max_memory_reserved());
+//! println!("{:?}", stats.engine.to_map().get("num_alloc_retries"));
+//!
+//! println!("{}", backend::memory_summary(&device)); // torch.cuda.memory_summary()
+//! let snapshot = backend::memory_snapshot(&device); // every segment and block (serde)
+//! println!("{} segments", snapshot.segments.len());
+//!
+//! // Leak or cache? Live tensors grew here: the report lists what holds them.
+//! let report = backend::memory_report(&device, Some(&before));
+//! println!("{report}");
+//!
+//! drop(kept);
+//! backend::empty_cache(&device); // cached segments without a live block go back
+//! backend::reset_peak_memory_stats(&device);
+//! # }
+//! # #[cfg(not(feature = "wgpu"))]
+//! # fn main() {}
+//! ```
+//!
+//! # Snapshots, the viewer and out-of-memory reports
+//!
+//! ```no_run
+//! # #[cfg(feature = "wgpu")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use burn::backend::wgpu::WgpuDevice;
+//! use burn_caching_alloc::alloc::HistoryOptions;
+//! use burn_caching_alloc::backend;
+//!
+//! let device = WgpuDevice::default();
+//! // torch.cuda.memory._record_memory_history(): every allocation with its stack.
+//! backend::record_memory_history(&device, HistoryOptions::default());
+//! // At the next out-of-memory: a snapshot, and a callback (on the allocator's own thread,
+//! // so it may read the numbers).
+//! backend::dump_snapshot_on_oom(&device, Some("oom.pickle".into()));
+//! backend::on_out_of_memory(&device, |error| eprintln!("{error}"));
+//!
+//! // ... train ...
+//!
+//! // PyTorch's snapshot pickle (https://pytorch.org/memory_viz), and our offline viewer.
+//! backend::dump_snapshot(&device, "snapshot.pickle")?;
+//! backend::dump_html(&device, "memory.html")?;
+//! backend::record_memory_history(&device, HistoryOptions::off());
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "wgpu"))]
+//! # fn main() {}
+//! ```
+//!
+//! With `BURN_CACHING_ALLOC_TRACE=path` set before the device opens, [`write_trace`] writes the
+//! whole allocation trace, which the repository's `replay` benchmark replays through any
+//! allocator. With feature `train`, `MemoryMetrics` puts the memory on burn-train's dashboard.
 //!
 //! Every call reaches the allocator the device's server uses. Calls first drain the calling
 //! thread's fusion queue on that device (feature `fusion`) and wait until the server has run
