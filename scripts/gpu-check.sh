@@ -16,7 +16,9 @@
 # Steps, in order, each with its own timeout, all within one time budget:
 #   test-lib, test-runtime     the library's unit tests and the runtime tests, GPU tests
 #                              included (--include-ignored: they are ignored without a GPU);
-#                              test-runtime holds multi_device_one::cuda (a copy to the same
+#                              test-runtime holds comm_cuda (the NCCL probe, NCCL against the
+#                              host path, the 256 MiB micro-benchmark the summary shows) and
+#                              multi_device_one::cuda (a copy to the same
 #                              device, an all-reduce of one rank through CubeCL's client)
 #   conformance_cuda           CubeCL's conformance suite on CachingCudaRuntime; fails when
 #                              fewer tests pass than the bundle holds (or none)
@@ -100,6 +102,12 @@ publish() {
             echo '```'
             tail -n 40 "$LOGS/mnist.log"
             echo '```'
+        fi
+        if grep -qE '^\| (comm-bench|nccl) \|' "$LOGS/test-runtime.log" 2>/dev/null; then
+            echo
+            echo "Between devices (comm_cuda: NCCL probe; 256 MiB device path against host path):"
+            echo
+            grep -E '^\| (comm-bench|nccl) \|' "$LOGS/test-runtime.log"
         fi
         if grep -q '^| trace | allocator' "$LOGS/replay.log" 2>/dev/null; then
             echo
