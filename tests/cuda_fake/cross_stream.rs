@@ -54,7 +54,8 @@ fn round(device: &CudaDevice, size: usize, a: u8, b: u8) -> (Vec<u8>, Vec<u8>) {
 fn a_read_on_another_stream_is_never_overwritten_by_the_next_tensor_under_every_schedule() {
     let Some(driver) = fake_or_skip() else { return };
     let _turn = DEVICE_4.lock();
-    let device = CudaDevice::new(4);
+    let _real = driver.real_turn();
+    let device = CudaDevice::new(driver.ordinal(4));
     // Sizes on both sides of the pinned-staging threshold (64 KiB) and a large-pool size.
     let sizes = [4096usize, 256 << 10, 3 << 20];
     let mut rounds = 0;

@@ -16,7 +16,7 @@ use crate::fake_cuda::{Driver, Fake, fake_or_skip};
 fn fake_in_child(test: &str) -> Option<Fake> {
     match fake_or_skip()? {
         Driver::Real => {
-            println!("skipping: a check of the fake driver itself");
+            crate::fake_cuda::fake_only("a check of the fake driver itself");
             None
         }
         Driver::Fake(fake) => in_child(test, &[]).then_some(fake),

@@ -30,7 +30,7 @@ type Destroy = unsafe extern "C" fn(Comm) -> u32;
 fn fake_in_child(test: &str, envs: &[(&str, Option<&std::ffi::OsStr>)]) -> Option<Fake> {
     match fake_or_skip()? {
         Driver::Real => {
-            println!("skipping: the fake NCCL's own test");
+            crate::fake_cuda::fake_only("the fake NCCL's own test");
             None
         }
         Driver::Fake(fake) => in_child(test, envs).then_some(fake),

@@ -19,7 +19,7 @@ use crate::fake_cuda::fake_or_skip;
 fn more_than_the_small_device_holds_is_the_allocators_out_of_memory_and_the_device_recovers() {
     let Some(driver) = fake_or_skip() else { return };
     if driver.fake().is_none() {
-        println!("skipping: needs the fake's 64 MiB device 2");
+        crate::fake_cuda::fake_only("needs the fake's 64 MiB device 2");
         return;
     }
     let device = CudaDevice::new(2);
@@ -55,7 +55,7 @@ fn more_than_the_small_device_holds_is_the_allocators_out_of_memory_and_the_devi
 fn a_failed_map_under_the_engine_is_out_of_memory_and_maps_nothing() {
     let Some(driver) = fake_or_skip() else { return };
     let Some(fake) = driver.fake() else {
-        println!("skipping: injects faults into the fake");
+        crate::fake_cuda::fake_only("injects faults into the fake");
         return;
     };
     if !crate::child::in_child(

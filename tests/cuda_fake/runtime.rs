@@ -36,6 +36,7 @@ fn finish(driver: &Driver) {
 fn what_is_written_reads_back_exactly_small_and_large_with_statistics_after_each_step() {
     let Some(driver) = fake_or_skip() else { return };
     let _turn = DEVICE_0.lock();
+    let _real = driver.real_turn();
     let device = device();
     let client: ComputeClient<CachingCudaRuntime> = CachingCudaRuntime::client(&device);
     backend::empty_cache(&device);

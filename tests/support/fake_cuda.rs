@@ -132,6 +132,15 @@ pub fn start(settings: &[(&str, &str)]) {
     let dir = match library().and_then(|lib| prepare(&lib)) {
         Ok(dir) => dir,
         Err(reason) => {
+            // Once, uncaptured: libtest hides what passing tests print.
+            eprintln!(
+                "the CUDA tests under the fake driver skip{}: {reason}",
+                if is_ci() {
+                    " (CI is set: they fail)"
+                } else {
+                    ""
+                }
+            );
             let _ = SKIP.set(reason);
             return;
         }
@@ -346,6 +355,28 @@ impl Driver {
             Driver::Real => None,
         }
     }
+
+    /// The device ordinal for the fake's device `fake_device`: itself on the fake, 0 on the
+    /// real driver (a GPU machine has one device).
+    pub fn ordinal(&self, fake_device: usize) -> usize {
+        match self {
+            Driver::Fake(_) => fake_device,
+            Driver::Real => 0,
+        }
+    }
+
+    /// On the real driver, where every test shares device 0: a process-wide turn, so that no
+    /// test's statistics see another's tensors. `None` on the fake (each file its own device).
+    pub fn real_turn(&self) -> Option<parking_lot::MutexGuard<'static, ()>> {
+        static TURN: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+        matches!(self, Driver::Real).then(|| TURN.lock())
+    }
+}
+
+/// Says that a test checks the fake itself and has nothing to run on the real driver (worded
+/// so that `scripts/gpu-check.sh` does not take it for a test that found no device).
+pub fn fake_only(what: &str) {
+    println!("fake driver only, nothing to run on a real device: {what}");
 }
 
 /// The driver to test against, or `None` after printing why the test skips. Panics instead of
