@@ -31,6 +31,8 @@
 //! - `oom`: out of memory on a small device, the allocator's report;
 //! - `cross_stream`: PyTorch's `record_stream` rule from several threads, every scheduler mode,
 //!   20 seeds each, values checked;
+//! - `comm`: CUDA's device path between devices (peer copies, NCCL) on four fake devices in
+//!   child processes, every scheduler mode;
 //! - `nccl`: the fake NCCL on two devices (values, groups, a missing rank);
 //! - `detector`: the fake catches what it claims to (a missing wait, a double free, a map off
 //!   the granularity), so that an empty log means something.
@@ -58,6 +60,7 @@ fn under_the_fake() {
 /// 1 MiB.
 pub(crate) const MIB: u64 = 1 << 20;
 
+mod comm;
 mod cross_stream;
 mod detector;
 mod expandable;
