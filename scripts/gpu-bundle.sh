@@ -37,8 +37,9 @@ START=$(date +%s)
 log() { printf '[gpu-bundle] %s\n' "$*" >&2; }
 
 # The root crate's test binaries that hold GPU tests (each test skips with a printed reason
-# without a GPU): `runtime` has the CUDA backend's tests.
-GPU_TESTS=(runtime)
+# without a GPU): `runtime` has the CUDA backend's tests; `cuda_fake` the tests CI runs under
+# the fake CUDA driver, run on the real one there (gpu-check.sh sets BURN_CACHING_ALLOC_REAL_CUDA).
+GPU_TESTS=(runtime cuda_fake)
 # The programs run on the GPU machine: name and the cargo target that builds it.
 PROGRAMS=(
     "seed_walkthrough|-p burn-caching-alloc --example seed_walkthrough"

@@ -16,8 +16,13 @@
 # Steps, in order, each with its own timeout, all within one time budget:
 #   test-lib, test-runtime     the library's unit tests and the runtime tests, GPU tests
 #                              included (--include-ignored: they are ignored without a GPU);
-#                              test-runtime holds multi_device_one::cuda (a copy to the same
+#                              test-runtime holds comm_cuda (the NCCL probe, NCCL against the
+#                              host path, the 256 MiB micro-benchmark the summary shows) and
+#                              multi_device_one::cuda (a copy to the same
 #                              device, an all-reduce of one rank through CubeCL's client)
+#   test-cuda_fake             the tests CI runs under the fake CUDA driver (tests/cuda_fake),
+#                              here on the real driver (BURN_CACHING_ALLOC_REAL_CUDA=1): a real
+#                              device checks the fake (checks of the fake itself say so)
 #   conformance_cuda           CubeCL's conformance suite on CachingCudaRuntime; fails when
 #                              fewer tests pass than the bundle holds (or none)
 #   mnist                      the MNIST comparison, caching-cuda against Burn's stock cuda
@@ -54,6 +59,10 @@ SKIP_STEPS=${SKIP_STEPS:-}
 SIDE_BY_SIDE_ARGS=${SIDE_BY_SIDE_ARGS:---steps 6 --warmup 2}
 SIDE_BY_SIDE_MIN=${SIDE_BY_SIDE_MIN:-60}
 START=$(date +%s)
+
+# tests/cuda_fake (test-cuda_fake) runs on the real driver here, not under the fake: a real
+# device checks what CI checks on the fake (the fake's own checks print that they are fake-only).
+export BURN_CACHING_ALLOC_REAL_CUDA=1
 
 # NVRTC and its headers: set before anything loads libnvrtc.
 export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
@@ -100,6 +109,12 @@ publish() {
             echo '```'
             tail -n 40 "$LOGS/mnist.log"
             echo '```'
+        fi
+        if grep -qE '^\| (comm-bench|nccl) \|' "$LOGS/test-runtime.log" 2>/dev/null; then
+            echo
+            echo "Between devices (comm_cuda: NCCL probe; 256 MiB device path against host path):"
+            echo
+            grep -E '^\| (comm-bench|nccl) \|' "$LOGS/test-runtime.log"
         fi
         if grep -q '^| trace | allocator' "$LOGS/replay.log" 2>/dev/null; then
             echo

@@ -18,8 +18,9 @@
 //! covered. Memory handed out through `get_resource` may be used by work the driver never
 //! sees: from then on every release synchronises ([`CudaStreams::note_foreign_work`]).
 
+use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 
 use cubecl_common::backtrace::BackTrace;
 use cubecl_common::bytes::Bytes;
@@ -38,12 +39,17 @@ use super::headers;
 use super::in_flight::{self, PendingWrites, RawStream, Unfenced};
 use super::kernel::{self, CudaCppCompiler, CudaKernel};
 use super::memory::CudaMemory;
+use super::nccl::{self, Group, Reduce};
+use super::peer::{self, CudaPeerBuffer, PeerAccess};
 use super::probe::open_context;
 use super::properties::{self, CudaDeviceSetup};
 use super::staging::{MAX_PINNED_TRANSFER, StagingPool};
 use super::streams::CudaStreams;
 use crate::device::DeviceStream;
-use crate::runtime::{Driver, DriverError, Launch, LaunchCount, MetadataLayout, Resource};
+use crate::runtime::{
+    Collective, Communication, DeviceReduce, Driver, DriverError, Launch, LaunchCount,
+    MetadataLayout, Resource, communication,
+};
 
 /// Writes up to this size copy from pageable memory, which the driver stages at once: pinned
 /// staging pays off only for larger copies, and a launch's metadata is a few hundred bytes.
@@ -91,6 +97,12 @@ pub struct CudaDriver {
     setup: CudaDeviceSetup,
     /// NVRTC's `--include-path=` options for CUDA's headers, found when the device opened.
     include_options: Vec<String>,
+    /// The peers' primary contexts, retained from `comm_init` on (copies name them).
+    peers: HashMap<u16, Arc<CudaContext>>,
+    /// The devices granted access to this device's expandable-segment pages.
+    peer_access: Arc<PeerAccess>,
+    /// The NCCL groups this device used, with its rank in each.
+    groups: HashMap<Vec<DeviceId>, (Arc<Group>, usize)>,
 }
 
 // SAFETY: every raw handle inside is a driver handle usable from any thread once the context
@@ -186,6 +198,7 @@ impl Driver for CudaDriver {
     type Stream = CudaStream;
     type Event = PooledEvent;
     type Kernel = CudaKernel;
+    type PeerBuffer = CudaPeerBuffer;
 
     fn open(device: DeviceId) -> Result<Self, DriverError> {
         let ordinal = device.index_id as usize;
@@ -197,6 +210,7 @@ impl Driver for CudaDriver {
         let context = open_context(ordinal)?;
         let streams = CudaStreams::counted(context.clone());
         let memory = CudaMemory::with_streams(streams.clone())?;
+        let peer_access = memory.peer_access();
         let setup = properties::probe(&context, memory.total_memory())?;
         let events = EventPool::new(context.clone(), PREWARMED_EVENTS)?;
         Ok(Self {
@@ -208,6 +222,9 @@ impl Driver for CudaDriver {
             memory: Some(memory),
             setup,
             include_options,
+            peers: HashMap::new(),
+            peer_access,
+            groups: HashMap::new(),
         })
     }
 
@@ -465,6 +482,7 @@ impl Driver for CudaDriver {
     fn sync(&mut self, stream: &mut CudaStream) -> DynFut<Result<(), ServerError>> {
         let recorded = self
             .bind()
+            .and_then(|()| self.poll_groups())
             .and_then(|()| self.collect_writes())
             .and_then(|()| self.record(stream));
         Box::pin(async move {
@@ -497,12 +515,321 @@ impl Driver for CudaDriver {
             .synchronize()
             .map_err(|err| DriverError::from(err).into())
     }
+
+    fn peer_copies(&self) -> bool {
+        // An unreadable setting is reported by the collectives; copies stay on the device.
+        !matches!(communication(), Ok(Communication::Host))
+    }
+
+    fn connect(&mut self, peers: &[DeviceId]) -> Result<(), ServerError> {
+        let own = self.context.ordinal();
+        let mut failures = Vec::new();
+        for peer in peers {
+            let ordinal = usize::from(peer.index_id);
+            if ordinal == own || self.peers.contains_key(&peer.index_id) {
+                continue;
+            }
+            let reached = open_context(ordinal).and_then(|context| {
+                let direct = peer::enable_peer_access(&self.context, &context)?;
+                if direct {
+                    self.peer_access.add_peer(ordinal as i32)?;
+                } else {
+                    log::info!(
+                        "caching allocator: CUDA devices {own} and {ordinal} have no peer \
+                         access; copies between them are staged by the driver"
+                    );
+                }
+                self.peers.insert(peer.index_id, context);
+                Ok(())
+            });
+            if let Err(err) = reached {
+                failures.push(format!("device {ordinal}: {err}"));
+            }
+        }
+        self.bind()?;
+        match failures.is_empty() {
+            true => Ok(()),
+            false => Err(generic(failures.join("; "))),
+        }
+    }
+
+    fn export(
+        &mut self,
+        stream: &mut CudaStream,
+        src: &Resource<Self>,
+        staging: &Resource<Self>,
+        len: usize,
+    ) -> Result<CudaPeerBuffer, ServerError> {
+        self.bind()?;
+        if len as u64 > src.size || len as u64 > staging.size {
+            return Err(generic(format!(
+                "CUDA: a peer copy of {len} bytes from a buffer of {} into a staging block of {}",
+                src.size, staging.size
+            )));
+        }
+        let ptr = device_pointer(staging);
+        // SAFETY: both address at least `len` bytes of live blocks of this context; the
+        // staging block is used by nothing else.
+        let copied =
+            unsafe { sys::cuMemcpyDtoDAsync_v2(ptr, device_pointer(src), len, stream.raw) };
+        self.streams.note_work();
+        copied
+            .result()
+            .map_err(|err| cuda_failure("cuMemcpyDtoDAsync", err))?;
+        let ready = self.record(stream)?;
+        Ok(CudaPeerBuffer {
+            ptr,
+            len,
+            context: self.context.clone(),
+            ready,
+        })
+    }
+
+    fn import(
+        &mut self,
+        stream: &mut CudaStream,
+        dst: &Resource<Self>,
+        src: &CudaPeerBuffer,
+    ) -> Result<PooledEvent, ServerError> {
+        self.bind()?;
+        if src.len as u64 > dst.size {
+            return Err(generic(format!(
+                "CUDA: received {} bytes for a buffer of {} bytes",
+                src.len, dst.size
+            )));
+        }
+        // SAFETY: a live stream of this context; the event is live while `src` is. Waiting
+        // for another context's event is allowed (`cuStreamWaitEvent`).
+        unsafe {
+            sys::cuStreamWaitEvent(
+                stream.raw,
+                src.ready.raw(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT as u32,
+            )
+        }
+        .result()
+        .map_err(|err| cuda_failure("cuStreamWaitEvent", err))?;
+        let dst_ptr = device_pointer(dst);
+        let same_context = src.context.cu_ctx() == self.context.cu_ctx();
+        // SAFETY: `dst_ptr` addresses at least `src.len` bytes of a live block of this
+        // context; the source is a staging block its server holds until the event recorded
+        // below has completed.
+        let copied = unsafe {
+            if same_context {
+                sys::cuMemcpyDtoDAsync_v2(dst_ptr, src.ptr, src.len, stream.raw)
+            } else {
+                sys::cuMemcpyPeerAsync(
+                    dst_ptr,
+                    self.context.cu_ctx(),
+                    src.ptr,
+                    src.context.cu_ctx(),
+                    src.len,
+                    stream.raw,
+                )
+            }
+        };
+        self.streams.note_work();
+        let call = if same_context {
+            "cuMemcpyDtoDAsync"
+        } else {
+            "cuMemcpyPeerAsync"
+        };
+        copied.result().map_err(|err| cuda_failure(call, err))?;
+        self.record(stream).inspect_err(|_| {
+            // The copy runs, and no event tells when it ends: wait for it here, so that the
+            // source may reuse its block once this returns.
+            // SAFETY: a live stream.
+            let _ = unsafe { result::stream::synchronize(stream.raw) };
+        })
+    }
+
+    fn all_reduce(
+        &mut self,
+        stream: &mut CudaStream,
+        collective: Collective<'_, Self>,
+    ) -> Result<DeviceReduce, ServerError> {
+        let path = communication().map_err(generic)?;
+        if path == Communication::Host {
+            return Ok(DeviceReduce::Host);
+        }
+        let lib = match nccl::nccl() {
+            Ok(lib) => lib,
+            Err(missing) if path == Communication::Nccl => {
+                return Err(generic(format!(
+                    "caching allocator: {} asks for NCCL and {missing}. Install NCCL (Debian/Ubuntu: \
+                     libnccl2; pip: nvidia-nccl-cu12) where the loader finds it (LD_LIBRARY_PATH), \
+                     or set {}=auto to reduce through host memory",
+                    crate::runtime::COMM_ENV,
+                    crate::runtime::COMM_ENV
+                )));
+            }
+            Err(missing) => {
+                warn_host_path(missing);
+                return Ok(DeviceReduce::Host);
+            }
+        };
+        let (Some((data_type, size)), Some(op)) = (
+            lib.data_type(collective.dtype),
+            lib.operation(collective.op),
+        ) else {
+            return Ok(DeviceReduce::Host);
+        };
+        if !collective.len.is_multiple_of(size) {
+            return Err(generic(format!(
+                "caching allocator: all_reduce of {} bytes is not a whole number of {:?}",
+                collective.len, collective.dtype
+            )));
+        }
+        self.bind()?;
+        let (group, rank) = self
+            .groups
+            .entry(collective.group.to_vec())
+            .or_insert_with(|| {
+                // Each device's context stays retained while NCCL makes its communicator.
+                let held = std::cell::RefCell::new(Vec::new());
+                let bind = |ordinal: usize| {
+                    open_context(ordinal)
+                        .map(|context| held.borrow_mut().push(context))
+                        .map_err(|err| err.to_string())
+                };
+                (Group::join(lib, collective.group, &bind), collective.rank)
+            })
+            .clone();
+        let reduce = Reduce {
+            src: device_pointer(collective.src),
+            dst: device_pointer(collective.dst),
+            count: collective.len / size,
+            data_type,
+            op,
+            stream: stream.raw as *mut c_void,
+        };
+        let issued = group.all_reduce(rank, &reduce);
+        self.streams.note_work();
+        self.bind()?;
+        issued.map_err(generic)?;
+        Ok(DeviceReduce::Issued)
+    }
+}
+
+impl CudaDriver {
+    /// The asynchronous errors of this device's NCCL groups, as the stream's error.
+    fn poll_groups(&self) -> Result<(), ServerError> {
+        for (group, rank) in self.groups.values() {
+            group.poll(*rank).map_err(generic)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CudaDriver {
+    fn drop(&mut self) {
+        // Each member destroys its own communicator (aborts it when its group broke).
+        if self.bind().is_ok() {
+            for (group, rank) in self.groups.values() {
+                group.release(*rank);
+            }
+        }
+    }
+}
+
+/// `auto` without NCCL: all-reduces go through host memory; said once per process.
+fn warn_host_path(missing: &nccl::NcclMissing) {
+    static WARNED: Once = Once::new();
+    WARNED.call_once(|| {
+        log::warn!(
+            "caching allocator: {missing}. all_reduce on CUDA devices goes through host memory \
+             instead: each call waits for the stream, copies the whole buffer to the host and \
+             back and reduces on one CPU core, hundreds of times slower than NCCL for large \
+             gradients. Install NCCL (libnccl2, or pip's nvidia-nccl-cu12) to use it, or set \
+             {}=host to choose the host path without this warning",
+            crate::runtime::COMM_ENV
+        );
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::runtime::EngineResource;
+
+    /// The peer branch of `import` (`cuMemcpyPeerAsync` between two contexts) on one GPU: a
+    /// second, non-primary context of device 0 plays the peer.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn a_peer_copy_from_another_context_of_device_0_arrives_exact() {
+        if let Err(reason) = super::super::probe::cuda_available() {
+            eprintln!("skipping: {reason}");
+            return;
+        }
+        let mut driver = match CudaDriver::open(DeviceId {
+            type_id: 0,
+            index_id: 0,
+        }) {
+            Ok(driver) => driver,
+            Err(err) => {
+                eprintln!("skipping: {err}");
+                return;
+            }
+        };
+        let len = 3 << 20;
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        // The other context, its block written from the host, its event after the write.
+        let mut raw: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `raw` is valid for the write; device 0 exists.
+        unsafe {
+            sys::cuCtxCreate_v4(
+                &mut raw,
+                std::ptr::null_mut(),
+                0,
+                driver.context.cu_device(),
+            )
+        }
+        .result()
+        .expect("a second context on device 0");
+        // SAFETY: the context just created, current on this thread.
+        let other = unsafe { CudaContext::from_raw_context(0, driver.context.cu_device(), raw) }
+            .expect("wrapped");
+        other.bind_to_thread().expect("bind");
+        // SAFETY: plain allocation and copy in the current context.
+        let src = unsafe { result::malloc_sync(len) }.expect("cuMemAlloc");
+        unsafe { result::memcpy_htod_sync(src, &data) }.expect("cuMemcpyHtoD");
+        let events = EventPool::new(other.clone(), 1).expect("events");
+        // SAFETY: the legacy default stream of the current context.
+        let ready = unsafe { events.record(std::ptr::null_mut()) }.expect("event");
+        let buffer = CudaPeerBuffer {
+            ptr: src,
+            len,
+            context: other.clone(),
+            ready,
+        };
+
+        let mut stream = driver.create_stream(DeviceStream(0));
+        let dst = driver
+            .context
+            .bind_to_thread()
+            .and_then(|()| unsafe { result::malloc_sync(len) });
+        let dst = dst.expect("cuMemAlloc");
+        let resource = EngineResource {
+            segment: dst,
+            offset: 0,
+            size: len as u64,
+        };
+        let done = driver
+            .import(&mut stream, &resource, &buffer)
+            .expect("the peer copy is issued");
+        done.synchronize().expect("the copy completes");
+        let mut back = vec![0u8; len];
+        driver.context.bind_to_thread().expect("bind");
+        // SAFETY: `dst` holds `len` bytes.
+        unsafe { result::memcpy_dtoh_sync(&mut back, dst) }.expect("cuMemcpyDtoH");
+        assert_eq!(back, data);
+        // SAFETY: both blocks are idle (synchronised) and freed once.
+        unsafe {
+            result::free_sync(dst).expect("free");
+            other.bind_to_thread().expect("bind");
+            result::free_sync(src).expect("free");
+        }
+    }
 
     fn buffer(segment: u64, offset: u64) -> Resource<CudaDriver> {
         EngineResource {

@@ -90,6 +90,11 @@ impl CudaMemory {
         self.streams.len()
     }
 
+    /// The peers granted access to this device's expandable-segment pages.
+    pub(crate) fn peer_access(&self) -> Arc<super::peer::PeerAccess> {
+        self.virtual_ranges.peer_access()
+    }
+
     /// Total device memory, as `cuMemGetInfo` reported it when the device was opened.
     pub fn total_memory(&self) -> u64 {
         self.total_memory

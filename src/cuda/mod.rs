@@ -12,6 +12,8 @@
 //! - `in_flight`: copies in flight, their buffers held until the event after them (or the
 //!   stream) says they are done;
 //! - `properties`: what the device supports, as CubeCL's `DeviceProperties`;
+//! - `peer`: copies between devices (peer access, peers' access to expandable segments);
+//! - `nccl`: NCCL loaded at run time, a communicator clique per group, for `all_reduce`;
 //! - `driver`: the [`Driver`](crate::runtime::Driver) the generic server runs on;
 //! - `runtime`: [`CachingCudaRuntime`], the `cubecl::Runtime` Burn's `CachingCuda` uses.
 //!
@@ -29,6 +31,8 @@ mod headers;
 mod in_flight;
 mod kernel;
 mod memory;
+mod nccl;
+mod peer;
 mod probe;
 mod properties;
 mod runtime;
@@ -40,5 +44,7 @@ pub use driver::{CudaDriver, CudaStream};
 pub use events::PooledEvent;
 pub use kernel::CudaKernel;
 pub use memory::CudaMemory;
-pub use probe::cuda_available;
+pub use nccl::{NCCL_NAMES, nccl_version};
+pub use peer::CudaPeerBuffer;
+pub use probe::{cuda_available, device_count};
 pub use runtime::CachingCudaRuntime;

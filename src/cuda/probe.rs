@@ -45,6 +45,20 @@ pub fn cuda_available() -> Result<(), DriverError> {
     })
 }
 
+/// How many CUDA devices this machine has (`cuDeviceGetCount`).
+pub fn device_count() -> Result<i32, DriverError> {
+    cuda_available()?;
+    guarded("cuDeviceGetCount", || {
+        cudarc::driver::result::device::get_count()
+            .map_err(|err| device_error("cuDeviceGetCount", err, None))
+    })
+    .map_err(|err| DriverError::NoDevice {
+        api: "CUDA",
+        reason: err.to_string(),
+        hint: NO_CUDA_HINT,
+    })
+}
+
 /// Opens (retains) the primary context of the device with this ordinal and makes it current
 /// on the calling thread. Errors instead of panicking when `libcuda` is missing.
 pub fn open_context(ordinal: usize) -> Result<Arc<CudaContext>, DeviceError> {

@@ -5,15 +5,18 @@
 //!
 //! Each page gets a physical allocation of its own (PyTorch's `ExpandableSegment` does the
 //! same): CUDA cannot unmap part of one mapping, and the engine gives back single pages. Access
-//! is set once per mapped run, as PyTorch's `setAccess` does, not once per page.
+//! is set once per mapped run, as PyTorch's `setAccess` does, not once per page; the peers
+//! `comm_init` added ([`PeerAccess`]) get access to each run too.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 
 use super::error::{device_error, driver_call, guarded};
+use super::peer::PeerAccess;
 use crate::device::DeviceError;
 
 /// The ranges reserved on one device and the pages mapped in them.
@@ -24,6 +27,8 @@ pub(crate) struct VirtualRanges {
     granularity: Option<u64>,
     /// Per range base: its size and its mapped pages (offset -> physical handle and size).
     ranges: HashMap<sys::CUdeviceptr, (u64, BTreeMap<u64, Page>)>,
+    /// Peer devices granted access to the mapped runs.
+    peers: Arc<PeerAccess>,
 }
 
 /// One mapped page: its physical allocation and size.
@@ -45,7 +50,7 @@ fn page_properties(ordinal: i32) -> sys::CUmemAllocationProp {
 /// The location of device `ordinal`. The device id is the `int` right after the location type
 /// in every CUDA version (a union member from CUDA 13.2 on, a plain field before), so it is
 /// written there whichever layout cudarc was built with.
-fn device_location(ordinal: i32) -> sys::CUmemLocation {
+pub(crate) fn device_location(ordinal: i32) -> sys::CUmemLocation {
     // SAFETY: all zeroes is a valid location; the id is written at its C offset, inside the
     // struct (it is at least a type and an int), with the int's alignment.
     unsafe {
@@ -103,7 +108,14 @@ impl VirtualRanges {
             ordinal,
             granularity,
             ranges: HashMap::new(),
+            peers: Arc::default(),
         }
+    }
+
+    /// The peers granted access to this device's mapped runs (shared with the driver, whose
+    /// `comm_init` adds them).
+    pub(crate) fn peer_access(&self) -> Arc<PeerAccess> {
+        self.peers.clone()
     }
 
     /// The page granularity, if the device has virtual memory.
@@ -170,7 +182,8 @@ impl VirtualRanges {
             // SAFETY: `[offset, offset + size)` of the range was just mapped; `access` is
             // valid for the call.
             let code = unsafe { sys::cuMemSetAccess(base + offset, size as usize, &access, 1) };
-            check("cuMemSetAccess", code, Some(size))
+            check("cuMemSetAccess", code, Some(size))?;
+            self.peers.mapped(base + offset, size)
         });
         match result {
             Ok(()) => {
@@ -219,6 +232,7 @@ impl VirtualRanges {
             other => other,
         };
         for (at, p) in inside {
+            self.peers.unmapping(base + at, p.size);
             driver_call("cuMemUnmap", || {
                 // SAFETY: the page is mapped here and idle.
                 unsafe { sys::cuMemUnmap(base + at, p.size as usize) }.result()

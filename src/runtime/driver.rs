@@ -14,14 +14,22 @@
 //!   hands a buffer that another stream used to new work only once an event recorded on that
 //!   stream after the use has completed (PyTorch's `recordStream` rule, see the server's
 //!   `ordering` module); memory is otherwise cached per stream slot.
+//!
+//! Between devices, a driver may do better than the server's host path (`server/comm.rs`):
+//! copy a buffer from a peer device of the same API ([`Driver::export`], [`Driver::import`],
+//! CUDA's peer copies) and reduce across a group on the device ([`Driver::all_reduce`],
+//! NCCL). A driver without them (wgpu) keeps the defaults and everything goes through host
+//! memory.
 
 use cubecl_common::bytes::Bytes;
 use cubecl_common::device::DeviceId;
 use cubecl_common::future::DynFut;
 use cubecl_common::profile::TimingMethod;
-use cubecl_ir::DeviceProperties;
+use cubecl_ir::{DeviceProperties, ElemType};
 use cubecl_runtime::compiler::{Compiler, CubeTask};
-use cubecl_runtime::server::{ExecutionMode, KernelArguments, LaunchError, ServerError};
+use cubecl_runtime::server::{
+    ExecutionMode, KernelArguments, LaunchError, ReduceOperation, ServerError,
+};
 
 use super::error::DriverError;
 use super::storage::EngineResource;
@@ -55,6 +63,44 @@ pub enum MetadataLayout {
     GridConstant,
 }
 
+/// What [`Driver::all_reduce`] did with an all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceReduce {
+    /// Issued on the stream, on the device (NCCL): later work of the stream runs after it.
+    Issued,
+    /// Not for this driver, this element type or this configuration: the server's host path
+    /// runs it. Every member of a group answers the same for the same call.
+    Host,
+}
+
+/// One all-reduce as the server hands it to [`Driver::all_reduce`]: buffers resolved, the
+/// group sorted (the rank is this device's position in it).
+pub struct Collective<'a, D: Driver> {
+    /// What this device contributes.
+    pub src: &'a Resource<D>,
+    /// Where the reduced values go (may be `src`'s memory).
+    pub dst: &'a Resource<D>,
+    /// Bytes to reduce, a whole number of `dtype`.
+    pub len: usize,
+    /// The element type.
+    pub dtype: ElemType,
+    /// The reduction.
+    pub op: &'a ReduceOperation,
+    /// Every device of the group, sorted.
+    pub group: &'a [DeviceId],
+    /// This device's position in `group`.
+    pub rank: usize,
+}
+
+fn no_peer_copies() -> ServerError {
+    ServerError::Generic {
+        reason: "caching allocator: this device API copies between devices through the host \
+                 only"
+            .into(),
+        backtrace: cubecl_common::backtrace::BackTrace::capture(),
+    }
+}
+
 /// What the server passes to [`Driver::launch`].
 pub struct Launch<'a, D: Driver> {
     /// The compiled kernel, from [`Driver::compile`].
@@ -86,9 +132,12 @@ pub trait Driver: Send + Sized + 'static {
     /// Per-stream driver state (a CUDA stream, a command encoder, ...).
     type Stream: Send;
     /// A point in a stream's work that another stream can wait for.
-    type Event: Send;
+    type Event: Send + 'static;
     /// A compiled, launchable kernel (a pipeline, a module + function).
     type Kernel: Send + Sync;
+    /// A buffer of this device made ready for a peer device of the same API to copy from
+    /// ([`Driver::export`]); `std::convert::Infallible` for a driver without peer copies.
+    type PeerBuffer: Send + 'static;
 
     /// Opens the device with this CubeCL id. Errors say why (no adapter, no driver library)
     /// and what to do about it.
@@ -193,6 +242,63 @@ pub trait Driver: Send + Sized + 'static {
 
     /// Blocks until the work issued before `event` has completed (CUDA's
     /// `cuEventSynchronize`): `empty_cache` and the out-of-memory path wait for cross-stream
-    /// uses with it before they give memory back.
+    /// uses with it before they give memory back. `event` may come from another device's
+    /// driver of the same API (the completion of a peer copy that read this device's memory).
     fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), ServerError>;
+
+    /// Whether `to_device` between two devices of this API copies device to device
+    /// ([`Driver::export`] then [`Driver::import`]) instead of through host memory. Asked at
+    /// every transfer, on both sides: the answer must not depend on the device.
+    fn peer_copies(&self) -> bool {
+        false
+    }
+
+    /// `comm_init` of a group: this device will exchange buffers with `peers` (CUDA: enables
+    /// peer access where the devices allow it, and grants the peers access to the pages of
+    /// expandable segments, now and at every later map).
+    fn connect(&mut self, peers: &[DeviceId]) -> Result<(), ServerError> {
+        let _ = peers;
+        Ok(())
+    }
+
+    /// `send`'s device half: copies `len` bytes of `src` into `staging` (a block the server
+    /// reserved for the transfer, which nothing else uses) on `stream`, after the work issued
+    /// there, and returns `staging` for the peer with an event recorded after that copy.
+    /// The staging copy, not `src`, is what the peer reads: work issued on `stream` later may
+    /// write `src` in place (CubeCL's bindings do not keep a tensor from being mutated).
+    fn export(
+        &mut self,
+        stream: &mut Self::Stream,
+        src: &Resource<Self>,
+        staging: &Resource<Self>,
+        len: usize,
+    ) -> Result<Self::PeerBuffer, ServerError> {
+        let _ = (stream, src, staging, len);
+        Err(no_peer_copies())
+    }
+
+    /// `recv`'s device half: makes `stream` wait for `src`'s event, copies it into `dst` and
+    /// returns an event recorded after the copy, which the source's server waits for before
+    /// it reuses the staging block. An error means no copy is running (a driver that issued
+    /// the copy but cannot record the event waits for the stream before it returns the error).
+    fn import(
+        &mut self,
+        stream: &mut Self::Stream,
+        dst: &Resource<Self>,
+        src: &Self::PeerBuffer,
+    ) -> Result<Self::Event, ServerError> {
+        let _ = (stream, dst, src);
+        Err(no_peer_copies())
+    }
+
+    /// An all-reduce on the device, issued on `stream` after the work issued there
+    /// ([`DeviceReduce::Issued`]), or [`DeviceReduce::Host`] for the server's host path.
+    fn all_reduce(
+        &mut self,
+        stream: &mut Self::Stream,
+        collective: Collective<'_, Self>,
+    ) -> Result<DeviceReduce, ServerError> {
+        let _ = (stream, collective);
+        Ok(DeviceReduce::Host)
+    }
 }

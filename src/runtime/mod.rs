@@ -25,12 +25,14 @@
 //! Files: `storage` (the `ComputeStorage`), `stream_memory` (one stream's manager and its
 //! reclaim policy), `server/` (the `ComputeServer`, one file per concern), `driver` (the trait
 //! a device API implements), `error` (typed driver errors), `env` (the environment variables
-//! read when a device opens), `registry` (where the user API finds a device's allocator, and
+//! read when a device opens), `comm_path` (host or device path between devices), `registry` (where the user API finds a device's allocator, and
 //! the configurations given in code for devices not yet open).
 
 mod storage;
 mod stream_memory;
 
+#[cfg(feature = "runtime")]
+mod comm_path;
 #[cfg(feature = "runtime")]
 mod driver;
 #[cfg(feature = "runtime")]
@@ -43,7 +45,9 @@ pub(crate) mod registry;
 pub(crate) mod server;
 
 #[cfg(feature = "runtime")]
-pub use driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
+pub use comm_path::{COMM_ENV, Communication, communication, set_communication};
+#[cfg(feature = "runtime")]
+pub use driver::{Collective, DeviceReduce, Driver, Launch, LaunchCount, MetadataLayout, Resource};
 #[cfg(feature = "runtime")]
 pub use error::DriverError;
 #[cfg(feature = "runtime")]

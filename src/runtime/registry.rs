@@ -3,7 +3,9 @@
 //!
 //! A server registers its engine when CubeCL opens the device; `memory_stats(&device)` and the
 //! other user calls look it up by device id and memory type. The entry also carries the
-//! per-layer numbers the server computed at its last `memory_usage` call.
+//! per-layer numbers the server computed at its last `memory_usage` call. The registry holds
+//! the entry weakly: the server owns its engine, so a server that is dropped takes its engine
+//! (and the device memory it cached) with it instead of leaving it here for the process's life.
 //!
 //! `backend::configure` leaves a configuration here for a device that is not open; the server
 //! takes it when CubeCL opens the device ([`take_config`]). Both happen under one lock, so a
@@ -11,7 +13,7 @@
 
 use std::any::{Any, TypeId};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 use cubecl_common::device::DeviceId;
 use parking_lot::Mutex;
@@ -35,6 +37,12 @@ impl<M: DeviceMemory> Clone for DeviceEntry<M> {
             cubecl: self.cubecl.clone(),
         }
     }
+}
+
+/// What the registry stores: the entry without keeping it alive.
+struct WeakEntry<M: DeviceMemory> {
+    allocator: Weak<CachingAllocator<M>>,
+    cubecl: Weak<Mutex<CubeclLayerUsage>>,
 }
 
 type Key = (TypeId, DeviceId);
@@ -61,17 +69,24 @@ fn key<M: DeviceMemory>(device: DeviceId) -> Key {
 pub(crate) fn register<M: DeviceMemory>(device: DeviceId, entry: DeviceEntry<M>) {
     let mut registry = registry().lock();
     registry.opened.insert(key::<M>(device));
-    registry.entries.insert(key::<M>(device), Box::new(entry));
+    let weak = WeakEntry {
+        allocator: Arc::downgrade(&entry.allocator),
+        cubecl: Arc::downgrade(&entry.cubecl),
+    };
+    registry.entries.insert(key::<M>(device), Box::new(weak));
 }
 
-/// The entry of `device`, if a server with memory type `M` opened it.
+/// The entry of `device`, if a server with memory type `M` opened it and is still alive.
 pub(crate) fn lookup<M: DeviceMemory>(device: DeviceId) -> Option<DeviceEntry<M>> {
-    registry()
-        .lock()
+    let registry = registry().lock();
+    let entry = registry
         .entries
-        .get(&key::<M>(device))
-        .and_then(|entry| entry.downcast_ref::<DeviceEntry<M>>())
-        .cloned()
+        .get(&key::<M>(device))?
+        .downcast_ref::<WeakEntry<M>>()?;
+    Some(DeviceEntry {
+        allocator: entry.allocator.upgrade()?,
+        cubecl: entry.cubecl.upgrade()?,
+    })
 }
 
 /// Leaves `config` for `device`, to be taken when it opens; `false` (and nothing left) when a

@@ -269,6 +269,7 @@ impl Driver for WgpuDriver {
     type Stream = WgpuStream;
     type Event = ();
     type Kernel = WgpuKernel;
+    type PeerBuffer = std::convert::Infallible;
 
     fn open(id: DeviceId) -> Result<Self, DriverError> {
         let setup = setup::open(id)?;

@@ -15,6 +15,9 @@
 //!   `multi_device_learner_wgpu` (and feature `train`): burn-train's `MultiDevice` strategy;
 //! - `multi_device_one` (wgpu, and cuda ignored without a device): a copy to the same device
 //!   and an all-reduce of one rank through CubeCL's client;
+//! - `comm_cuda` (feature `cuda`, ignored without a device): the NCCL probe, NCCL against the
+//!   host path, the staging block's reuse rule with two threads, the 256 MiB micro-benchmark,
+//!   and two-device tests that skip on one GPU;
 //! - `burn_mlp_cuda`, `cross_stream_cuda`, `cuda_faults`, `cuda_launches`, `cuda_memory`
 //!   (feature `cuda`): Burn on `CachingCuda`
 //!   and `CudaMemory` on a real CUDA device; ignored by default ("needs a CUDA device"), each
@@ -75,6 +78,8 @@ mod trace_wgpu;
 
 #[cfg(feature = "cuda")]
 mod burn_mlp_cuda;
+#[cfg(feature = "cuda")]
+mod comm_cuda;
 #[cfg(feature = "cuda")]
 mod cross_stream_cuda;
 #[cfg(feature = "cuda")]

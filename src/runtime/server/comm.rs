@@ -27,6 +27,10 @@
 //!   bytes), and each member writes the result into its buffer. Rounds are counted per group
 //!   on each server: the k-th all-reduce of a device meets the k-th of its peers.
 //!
+//! Where the driver has a device path (CUDA: peer copies, NCCL), `send`, `recv` and
+//! `all_reduce` take it instead (`peer`); what follows is the host path, which wgpu always
+//! takes and CUDA takes when told to or for what NCCL cannot reduce.
+//!
 //! A send and its recv meet by (source device, destination device, stream id): CubeCL names
 //! both clients' streams after the calling thread, so transfers made from several threads at
 //! once pair up correctly. The source is read completely before `send` returns, so no other
@@ -358,6 +362,18 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
                 self.device
             )));
         }
+        let peers: Vec<DeviceId> = group
+            .iter()
+            .copied()
+            .filter(|id| *id != self.device)
+            .collect();
+        // Peer access only speeds copies up: without it the device path still copies.
+        if let Err(err) = self.driver.connect(&peers) {
+            log::warn!(
+                "caching allocator: {} cannot reach {peers:?} directly: {err}",
+                self.device
+            );
+        }
         self.comm.groups.insert(group);
         Ok(())
     }
@@ -390,6 +406,10 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
             POST.post(route, Err(err.clone()));
             return Err(err);
         }
+        if self.peer_path(desc.handle.size_in_used()) {
+            self.send_to_peer(desc, stream_id, device_id_dst);
+            return Ok(());
+        }
         let parcel = self.read_all(desc, stream_id);
         POST.post(route, parcel);
         Ok(())
@@ -404,6 +424,10 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
     ) -> Result<(), ServerError> {
         if !self.comm.connected(self.device, device_id_src) {
             return Err(not_initialised(self.device, &[device_id_src]));
+        }
+        if self.peer_path(handle.size_in_used()) {
+            self.recv_from_peer(handle, stream_id, device_id_src);
+            return Ok(());
         }
         let parcel = POST.collect(Route {
             src: device_id_src,
@@ -428,6 +452,9 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
         let group = group_of(device_ids);
         if !group.contains(&self.device) || !self.comm.groups.contains(&group) {
             return Err(not_initialised(self.device, &group));
+        }
+        if self.all_reduce_on_device(&src, &dst, dtype, stream_id, &op, &group) {
+            return Ok(());
         }
         let round = self.comm.next_round(&group);
         let len = src.size_in_used() as usize;

@@ -17,7 +17,9 @@
 //! - `kernels`: the kernel cache;
 //! - `layer_usage`: CubeCL's layer in numbers, for `memory_stats`;
 //! - `comm`: tensors moved to another device's server and all-reduce across devices, through
-//!   host memory (CubeCL's `ServerCommunication`).
+//!   host memory (CubeCL's `ServerCommunication`);
+//! - `peer`: the same on the device where the driver can (CUDA's peer copies and NCCL), with
+//!   the blocks another device reads held until its copy completed.
 //! - `caller_stack`: the layout policy that captures the caller's stack of each reservation,
 //!   and the per-stream queue the reservation takes it from.
 //!
@@ -32,6 +34,9 @@ mod kernels;
 mod layer_usage;
 mod metadata;
 mod ordering;
+mod peer;
+#[cfg(test)]
+mod peer_tests;
 mod reserve;
 mod streams;
 #[cfg(test)]

@@ -34,12 +34,21 @@
 //! each `memory_usage`;
 //! `empty_cache` and the out-of-memory path wait for all of them. A use on the buffer's own
 //! stream records nothing: stream order already protects it.
+//!
+//! The same rule across devices ([`PeerCopy`]): a block another device copies from (the
+//! staging block of a `to_device` by peer copy, see `peer`) is held until the event the
+//! destination recorded after its copy has completed. That event exists only once the
+//! destination's `recv` has issued the copy; until then the block stays held, also through
+//! `empty_cache` and the out-of-memory path, which never wait for a `recv` that has not run
+//! (it may be queued behind work that waits for this device).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use cubecl_common::stream_id::StreamId;
 use cubecl_runtime::memory_management::ManagedMemoryBinding;
-use cubecl_runtime::server::ServerError;
+use cubecl_runtime::server::{Handle, ServerError};
+use parking_lot::Mutex;
 
 use super::super::driver::Driver;
 use super::streams::Streams;
@@ -150,6 +159,21 @@ pub(super) fn order_after<D: Driver>(
     Ok(())
 }
 
+/// Where the copy of a block another device reads stands, shared by the block's server and
+/// the reading device's server.
+#[derive(Debug)]
+pub(super) enum PeerCopy<E> {
+    /// The reader has not issued its copy yet.
+    Pending,
+    /// The copy is issued; the event was recorded after it on the reader's stream.
+    Issued(E),
+    /// No copy reads the block (the reader failed before issuing one).
+    NotIssued,
+}
+
+/// A [`PeerCopy`] both servers see.
+pub(super) type PeerCopyState<E> = Arc<Mutex<PeerCopy<E>>>;
+
 /// Buffers other streams used, held until an event recorded on the user's stream after the use
 /// has completed (see the module documentation).
 pub(super) struct PendingUses<E> {
@@ -159,6 +183,8 @@ pub(super) struct PendingUses<E> {
     /// Per consumer slot, bindings whose event failed to record: held until the whole stream
     /// is synchronised ([`synchronize_uses`]).
     unrecorded: HashMap<usize, Vec<ManagedMemoryBinding>>,
+    /// Blocks another device copies from, each held until that device's copy completed.
+    peer_reads: Vec<(PeerCopyState<E>, Handle)>,
 }
 
 impl<E> Default for PendingUses<E> {
@@ -166,8 +192,43 @@ impl<E> Default for PendingUses<E> {
         Self {
             by_slot: HashMap::new(),
             unrecorded: HashMap::new(),
+            peer_reads: Vec::new(),
         }
     }
+}
+
+impl<E> PendingUses<E> {
+    /// Holds `block` until the copy `state` describes has completed.
+    pub(super) fn hold_for_peer(&mut self, state: PeerCopyState<E>, block: Handle) {
+        self.peer_reads.push((state, block));
+    }
+
+    /// How many blocks other devices still copy from (or may).
+    #[cfg(test)]
+    pub(super) fn peer_reads(&self) -> usize {
+        self.peer_reads.len()
+    }
+}
+
+/// Drops the blocks whose peer copy is done or will never be; `wait` tells, for an issued copy,
+/// whether it is done (a query, or a wait). A failure keeps the block held and is returned.
+fn release_peer_reads<E>(
+    reads: &mut Vec<(PeerCopyState<E>, Handle)>,
+    mut done: impl FnMut(&E) -> Result<bool, ServerError>,
+) -> Result<(), ServerError> {
+    let mut failure = Ok(());
+    reads.retain(|(state, _)| match &*state.lock() {
+        PeerCopy::Pending => true,
+        PeerCopy::NotIssued => false,
+        PeerCopy::Issued(event) => match done(event) {
+            Ok(done) => !done,
+            Err(err) => {
+                failure = Err(err);
+                true
+            }
+        },
+    });
+    failure
 }
 
 impl<E> PendingUses<E> {
@@ -228,10 +289,11 @@ pub(super) fn release_completed<D: Driver>(
     driver: &mut D,
     pending: &mut PendingUses<D::Event>,
 ) -> Result<(), ServerError> {
+    let mut failure =
+        release_peer_reads(&mut pending.peer_reads, |event| driver.query_event(event));
     if pending.by_slot.is_empty() {
-        return Ok(());
+        return failure;
     }
-    let mut failure = Ok(());
     pending.by_slot.retain(|_, queue| {
         while let Some((event, _)) = queue.front() {
             match driver.query_event(event) {
@@ -257,6 +319,9 @@ pub(super) fn synchronize_uses<D: Driver>(
     streams: &mut Streams<D>,
     pending: &mut PendingUses<D::Event>,
 ) -> Result<(), ServerError> {
+    release_peer_reads(&mut pending.peer_reads, |event| {
+        driver.synchronize_event(event).map(|()| true)
+    })?;
     for queue in pending.by_slot.values_mut() {
         while let Some((event, _)) = queue.front() {
             driver.synchronize_event(event)?;

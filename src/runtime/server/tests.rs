@@ -35,7 +35,7 @@ use crate::device::sim::SimDevice;
 
 /// What the recording driver saw.
 #[derive(Debug, Default)]
-struct Seen {
+pub(super) struct Seen {
     streams_created: Vec<DeviceStream>,
     /// Per launch: the inline info and the bytes of the metadata buffer at launch time.
     launches: Vec<(Vec<u64>, Option<Vec<u8>>)>,
@@ -46,14 +46,29 @@ struct Seen {
     /// Events the test declared complete (the others are still running).
     completed: HashSet<u64>,
     /// `synchronize_event` calls (the host waited for an event).
-    event_syncs: usize,
+    pub(super) event_syncs: usize,
     /// Recording an event on this stream fails.
     failing_records: Option<DeviceStream>,
     /// Device contents written so far, by (segment, offset).
     memory: HashMap<(u64, u64), Vec<u8>>,
     /// `Driver::memory` calls: how often the server opened the device memory.
     memory_opened: usize,
+    /// Whether `peer_copies` answers yes (the device path of `comm`).
+    pub(super) peer_copies: bool,
+    /// Per `export`: the staging copy's source and destination locations.
+    pub(super) exports: Vec<((u64, u64), (u64, u64))>,
+    /// Per `import`: the destination location and the completion event's id.
+    pub(super) imports: Vec<((u64, u64), u64)>,
+    /// `import` fails (nothing copied).
+    pub(super) failing_imports: bool,
 }
+
+/// Ids of the completion events `import` returns: apart from `record_event`'s, so that a test
+/// can complete them on the source's recording (where the source's server asks).
+pub(super) const PEER_EVENTS: u64 = 1 << 40;
+
+/// What the recording driver's `export` hands the peer: the staging block's bytes.
+pub(super) struct PeerBytes(Vec<u8>);
 
 #[derive(Debug, Clone)]
 pub(super) struct NoCompiler;
@@ -123,6 +138,7 @@ impl Driver for Recording {
     type Stream = DeviceStream;
     type Event = u64;
     type Kernel = ();
+    type PeerBuffer = PeerBytes;
 
     fn open(_device: DeviceId) -> Result<Self, DriverError> {
         NEXT_OPENED
@@ -270,12 +286,56 @@ impl Driver for Recording {
         seen.completed.insert(*event);
         Ok(())
     }
+
+    fn peer_copies(&self) -> bool {
+        self.seen.lock().peer_copies
+    }
+
+    fn export(
+        &mut self,
+        _stream: &mut DeviceStream,
+        src: &Resource<Self>,
+        staging: &Resource<Self>,
+        len: usize,
+    ) -> Result<PeerBytes, ServerError> {
+        let mut seen = self.seen.lock();
+        let mut bytes = seen
+            .memory
+            .get(&(src.segment, src.offset))
+            .cloned()
+            .unwrap_or_default();
+        bytes.resize(len, 0);
+        seen.memory
+            .insert((staging.segment, staging.offset), bytes.clone());
+        seen.exports
+            .push(((src.segment, src.offset), (staging.segment, staging.offset)));
+        Ok(PeerBytes(bytes))
+    }
+
+    fn import(
+        &mut self,
+        _stream: &mut DeviceStream,
+        dst: &Resource<Self>,
+        src: &PeerBytes,
+    ) -> Result<u64, ServerError> {
+        let mut seen = self.seen.lock();
+        if seen.failing_imports {
+            return Err(ServerError::Generic {
+                reason: "injected: the peer copy fails".into(),
+                backtrace: cubecl_common::backtrace::BackTrace::capture(),
+            });
+        }
+        seen.memory.insert((dst.segment, dst.offset), src.0.clone());
+        let event = PEER_EVENTS + seen.imports.len() as u64;
+        seen.imports.push(((dst.segment, dst.offset), event));
+        Ok(event)
+    }
 }
 
 pub(super) struct Harness {
     pub(super) server: CachingServer<Recording>,
     meter: Meter,
-    seen: Arc<Mutex<Seen>>,
+    pub(super) seen: Arc<Mutex<Seen>>,
 }
 
 fn harness(layout: MetadataLayout, max_streams: usize) -> Harness {
@@ -348,7 +408,7 @@ impl Harness {
     }
 
     /// Where a buffer lives: its segment and offset.
-    fn location(&mut self, handle: &Handle) -> (u64, u64) {
+    pub(super) fn location(&mut self, handle: &Handle) -> (u64, u64) {
         let on = handle.stream;
         let resource = self
             .server
@@ -365,7 +425,7 @@ impl Harness {
             .collect()
     }
 
-    fn complete(&self, events: &[u64]) {
+    pub(super) fn complete(&self, events: &[u64]) {
         self.seen.lock().completed.extend(events.iter().copied());
     }
 }

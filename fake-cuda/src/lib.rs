@@ -1,0 +1,22 @@
+//! A fake CUDA driver (`libcuda`) and NCCL over host memory that checks the driver API's
+//! contracts on every call, for running burn-caching-alloc's CUDA host code without a GPU.
+//! See the README beside this crate for what it implements and how it is configured.
+//!
+//! - `config`: the environment variables;
+//! - `codes`: CUDA's result codes;
+//! - `state`: the one global state, its lock, the violation log, fault injection;
+//! - `memory`: device memory over host memory, virtual address ranges and mappings;
+//! - `streams`: queues, events, the scheduler and the race detector;
+//! - `driver`: the exported driver API functions;
+//! - `nccl`: the exported NCCL functions, on the same streams;
+//! - `control`: what the test harness calls (`fake_cuda_*`);
+//! - `stubs`: every other driver function cudarc binds, answering `CUDA_ERROR_NOT_SUPPORTED`.
+
+mod codes;
+mod config;
+mod control;
+mod driver;
+mod memory;
+mod nccl;
+mod state;
+mod streams;

@@ -1,0 +1,272 @@
+//! Communication on the device, where the driver has it: `to_device` by a device-to-device
+//! copy ([`Driver::export`] / [`Driver::import`], CUDA's peer copies) and `all_reduce` by the
+//! driver's collective ([`Driver::all_reduce`], NCCL). `comm` calls in here first and keeps its
+//! host path for what the driver does not take.
+//!
+//! A transfer, as CubeCL's `to_client_tensor` queues it (`send` on the source's thread, `recv`
+//! on the destination's):
+//! - `send` orders its stream after the source's producer, reserves a staging block of the
+//!   transfer's size through the source's caching allocator (it is in that device's
+//!   statistics; out of memory there is the allocator's error, returned on the destination's
+//!   stream), has the driver copy the source into it on the stream and record an event after
+//!   that copy, and posts the staging block with the event. It never waits for its peer or the
+//!   device. The staging copy is what lets later work on the source's stream write the source
+//!   in place (CubeCL's bindings do not keep Burn from mutating a tensor whose handle it holds
+//!   alone) without racing the peer's read; it costs one copy at the device's own bandwidth.
+//! - `recv` takes the posting (waiting until the `send` has run, not for the device), reserves
+//!   the destination through the destination's allocator, and has the driver make its stream
+//!   wait for the source's event, copy, and record a completion event, which it shares with
+//!   the source's server.
+//! - The source's server holds the staging block until that completion event has completed
+//!   (PyTorch's `record_stream` rule across devices, see `ordering`), also through
+//!   `empty_cache` and the out-of-memory path. A `recv` that fails before its copy (out of
+//!   memory on the destination) releases it at once.
+//!
+//! An all-reduce on the device orders the stream after the producers of its source and
+//! destination, and holds those of other streams until an event after the collective; the
+//! collective itself is the driver's, on the calling stream.
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, LazyLock};
+
+use cubecl_common::backtrace::BackTrace;
+use cubecl_common::device::DeviceId;
+use cubecl_common::stream_id::StreamId;
+use cubecl_ir::ElemType;
+use cubecl_runtime::server::{Binding, CopyDescriptor, Handle, ReduceOperation, ServerError};
+use parking_lot::{Condvar, Mutex};
+
+use super::super::driver::{Collective, DeviceReduce, Driver};
+use super::CachingServer;
+use super::checks;
+use super::ordering::{PeerCopy, PeerCopyState, note_rewrites};
+
+fn generic(reason: String) -> ServerError {
+    ServerError::Generic {
+        reason,
+        backtrace: BackTrace::capture(),
+    }
+}
+
+/// Where a posting waits for its `recv`: the pair and the calling thread's stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Route {
+    src: DeviceId,
+    dst: DeviceId,
+    stream: u64,
+}
+
+/// What `send` posts for the device path: the staging block as the peer copies it, and the
+/// state both servers share.
+struct Parcel<D: Driver> {
+    buffer: D::PeerBuffer,
+    copy: PeerCopyState<D::Event>,
+}
+
+type Posting<D> = Result<Parcel<D>, ServerError>;
+
+/// Postings not yet received, per route in send order. Boxed as `Any`: one office serves every
+/// driver type (routes never mix them: device ids carry their runtime's type).
+#[derive(Default)]
+struct Office {
+    postings: Mutex<HashMap<Route, VecDeque<Box<dyn Any + Send>>>>,
+    arrived: Condvar,
+}
+
+static OFFICE: LazyLock<Office> = LazyLock::new(Office::default);
+
+impl Office {
+    fn post<D: Driver>(&self, route: Route, posting: Posting<D>) {
+        self.postings
+            .lock()
+            .entry(route)
+            .or_default()
+            .push_back(Box::new(posting));
+        self.arrived.notify_all();
+    }
+
+    /// The oldest posting on `route`, waiting for its `send` if it has not run yet.
+    fn collect<D: Driver>(&self, route: Route) -> Posting<D> {
+        let mut postings = self.postings.lock();
+        let boxed = loop {
+            if let Some(queue) = postings.get_mut(&route)
+                && let Some(posting) = queue.pop_front()
+            {
+                if queue.is_empty() {
+                    postings.remove(&route);
+                }
+                break posting;
+            }
+            self.arrived.wait(&mut postings);
+        };
+        match boxed.downcast::<Posting<D>>() {
+            Ok(posting) => *posting,
+            Err(_) => Err(generic(format!(
+                "caching allocator: the transfer from {} to {} was sent by another device API",
+                route.src, route.dst
+            ))),
+        }
+    }
+}
+
+impl<D: Driver> CachingServer<D> {
+    /// Whether a transfer of `len` bytes goes device to device (both sides answer the same:
+    /// the driver type and the size are the same on both).
+    pub(super) fn peer_path(&self, len: u64) -> bool {
+        len > 0 && self.driver.peer_copies()
+    }
+
+    /// `send` by a device copy (see the module docs). Never fails: an error is posted for the
+    /// peer, whose `recv` returns it on its stream.
+    pub(super) fn send_to_peer(
+        &mut self,
+        desc: CopyDescriptor,
+        stream_id: StreamId,
+        dst: DeviceId,
+    ) {
+        let route = Route {
+            src: self.device,
+            dst,
+            stream: stream_id.value,
+        };
+        let posting = self.export(desc, stream_id);
+        OFFICE.post::<D>(route, posting);
+    }
+
+    fn export(&mut self, desc: CopyDescriptor, stream_id: StreamId) -> Posting<D> {
+        checks::contiguous(&desc.shape, &desc.strides)?;
+        let len = checks::tensor_bytes(&desc.shape, desc.elem_size)?;
+        let (src, used, foreign) = self.resolve_use(desc.handle, stream_id)?;
+        if len as u64 > src.size {
+            return Err(generic(format!(
+                "caching allocator: sending {len} bytes from a buffer of {} bytes",
+                src.size
+            )));
+        }
+        self.order_after(stream_id, &[used])?;
+        let staging = Handle::new(stream_id, len as u64);
+        self.reserve_bound(staging.memory.clone(), len as u64, stream_id)?;
+        let staging_resource = self.resolve_binding(staging.clone().binding())?;
+        self.advance(stream_id);
+        let (driver, driver_stream) = self.split(stream_id);
+        let exported = driver.export(driver_stream, &src, &staging_resource, len);
+        // Another stream's source is held until the staging copy is done.
+        self.hold_until_done(stream_id, foreign.into_iter().collect())?;
+        let buffer = exported?;
+        let copy = Arc::new(Mutex::new(PeerCopy::Pending));
+        self.uses.hold_for_peer(copy.clone(), staging);
+        Ok(Parcel { buffer, copy })
+    }
+
+    /// `recv` by a device copy (see the module docs). Never fails: an error is kept on the
+    /// stream, as the host path does.
+    pub(super) fn recv_from_peer(&mut self, handle: Handle, stream_id: StreamId, src: DeviceId) {
+        let posting = OFFICE.collect::<D>(Route {
+            src,
+            dst: self.device,
+            stream: stream_id.value,
+        });
+        if let Err(err) = self.import(handle, posting, stream_id) {
+            self.push_error(stream_id, err);
+        }
+    }
+
+    fn import(
+        &mut self,
+        handle: Handle,
+        posting: Posting<D>,
+        stream_id: StreamId,
+    ) -> Result<(), ServerError> {
+        let parcel = posting?;
+        let copied = (|| {
+            self.reserve_bound(handle.memory.clone(), handle.size(), stream_id)?;
+            let dst = self.resolve_binding(handle.binding())?;
+            self.advance(stream_id);
+            let (driver, driver_stream) = self.split(stream_id);
+            driver.import(driver_stream, &dst, &parcel.buffer)
+        })();
+        let mut copy = parcel.copy.lock();
+        match copied {
+            Ok(event) => {
+                *copy = PeerCopy::Issued(event);
+                Ok(())
+            }
+            Err(err) => {
+                // Nothing reads the staging block: the source may reuse it at once.
+                *copy = PeerCopy::NotIssued;
+                Err(err)
+            }
+        }
+    }
+
+    /// `all_reduce` on the device if the driver takes it; `false` leaves it to the host path.
+    /// A failure is kept on the stream (`true`: nothing left for the host path to do).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn all_reduce_on_device(
+        &mut self,
+        src: &Binding,
+        dst: &Binding,
+        dtype: ElemType,
+        stream_id: StreamId,
+        op: &ReduceOperation,
+        group: &[DeviceId],
+    ) -> bool {
+        match self.try_all_reduce_on_device(src, dst, dtype, stream_id, op, group) {
+            Ok(DeviceReduce::Issued) => true,
+            Ok(DeviceReduce::Host) => false,
+            Err(err) => {
+                self.push_error(stream_id, err);
+                true
+            }
+        }
+    }
+
+    fn try_all_reduce_on_device(
+        &mut self,
+        src: &Binding,
+        dst: &Binding,
+        dtype: ElemType,
+        stream_id: StreamId,
+        op: &ReduceOperation,
+        group: &[DeviceId],
+    ) -> Result<DeviceReduce, ServerError> {
+        let len = src.size_in_used() as usize;
+        if len == 0 {
+            return Ok(DeviceReduce::Host);
+        }
+        if dst.size_in_used() < len as u64 {
+            return Err(generic(format!(
+                "caching allocator: all_reduce of {len} bytes into a buffer of {} bytes",
+                dst.size_in_used()
+            )));
+        }
+        let rank = group
+            .iter()
+            .position(|id| *id == self.device)
+            .ok_or_else(|| generic(format!("{} is not in {group:?}", self.device)))?;
+        let (src_resource, src_use, src_foreign) = self.resolve_use(src.clone(), stream_id)?;
+        let (dst_resource, dst_use, dst_foreign) = self.resolve_use(dst.clone(), stream_id)?;
+        self.order_after(stream_id, &[src_use, dst_use])?;
+        let (driver, driver_stream) = self.split(stream_id);
+        let reduced = driver.all_reduce(
+            driver_stream,
+            Collective {
+                src: &src_resource,
+                dst: &dst_resource,
+                len,
+                dtype,
+                op,
+                group,
+                rank,
+            },
+        )?;
+        if reduced == DeviceReduce::Issued {
+            note_rewrites(&mut self.streams, stream_id, &[dst_use]);
+            self.advance(stream_id);
+            let foreign = src_foreign.into_iter().chain(dst_foreign).collect();
+            self.hold_until_done(stream_id, foreign)?;
+        }
+        Ok(reduced)
+    }
+}

@@ -1,0 +1,179 @@
+//! CUDA's device path between devices (`runtime/server/peer.rs`, `cuda/peer.rs`,
+//! `cuda/nccl.rs`) under the fake driver with four fake devices, each test in a child process of
+//! its own (fresh devices): `to_device` by peer copy along 0 -> 1 -> 2 -> 3, values exact and
+//! the source's blocks overwritten at once by new tensors, under every scheduler mode and
+//! several seeds; NCCL all-reduce (sum, mean) across two and four devices from one thread per
+//! device; out of memory on the destination as the allocator's error on its stream. The
+//! fake's contract log must stay empty (peer access, cross-context use, frees of memory in use).
+
+use burn::backend::cuda::CudaDevice;
+use burn_caching_alloc::cuda::CachingCudaRuntime;
+use burn_caching_alloc::runtime::{Communication, set_communication};
+use cubecl_common::device::Device;
+use cubecl_ir::{ElemType, FloatKind, UIntKind};
+use cubecl_runtime::client::ComputeClient;
+use cubecl_runtime::runtime::Runtime;
+use cubecl_runtime::server::{CopyDescriptor, Handle, ReduceOperation};
+
+use crate::child::in_child;
+use crate::fake_cuda::{Driver, Fake, SCHEDULES, fake_only, fake_or_skip};
+
+type Client = ComputeClient<CachingCudaRuntime>;
+
+fn four_devices(test: &str) -> Option<Fake> {
+    let driver = fake_or_skip()?;
+    let Driver::Fake(fake) = driver else {
+        fake_only("four fake devices");
+        return None;
+    };
+    let envs = [
+        ("FAKE_CUDA_DEVICES", Some(std::ffi::OsStr::new("4"))),
+        (
+            "FAKE_CUDA_MEMORY",
+            Some(std::ffi::OsStr::new("1G,1G,1G,64M")),
+        ),
+        ("FAKE_CUDA_VMM", Some(std::ffi::OsStr::new("1"))),
+    ];
+    in_child(test, &envs).then_some(fake)
+}
+
+fn move_to(from: &Client, to: &Client, handle: Handle, len: usize) -> Handle {
+    let mut from = from.clone();
+    let desc = CopyDescriptor::new(handle.binding(), [len].into(), [1].into(), 1);
+    from.to_client_tensor(desc, to, ElemType::UInt(UIntKind::U8))
+}
+
+#[test]
+fn peer_copies_along_four_devices_are_exact_and_never_read_reused_blocks_under_every_schedule() {
+    let Some(fake) = four_devices(
+        "comm::peer_copies_along_four_devices_are_exact_and_never_read_reused_blocks_under_every_schedule",
+    ) else {
+        return;
+    };
+    set_communication(Communication::Auto);
+    let clients: Vec<Client> = (0..3)
+        .map(|i| CachingCudaRuntime::client(&CudaDevice::new(i)))
+        .collect();
+    for schedule in SCHEDULES {
+        for seed in 0..4 {
+            fake.set_schedule(schedule, seed);
+            for (round, len) in [4096usize, 300 << 10, 3 << 20].into_iter().enumerate() {
+                let value = (seed as u8).wrapping_mul(31).wrapping_add(round as u8 + 1);
+                let source = clients[0].create_from_slice(&vec![value; len]);
+                let on_1 = move_to(&clients[0], &clients[1], source, len);
+                // The source is dropped: new tensors of its size take its blocks at once.
+                let clobber: Vec<Handle> = (0..2)
+                    .map(|_| clients[0].create_from_slice(&vec![0xEE; len]))
+                    .collect();
+                let on_2 = move_to(&clients[1], &clients[2], on_1.clone(), len);
+                let clobber_1 = clients[1].create_from_slice(&vec![0xDD; len]);
+                for (client, handle) in [(&clients[1], on_1), (&clients[2], on_2)] {
+                    let got = client.read_one(handle).expect("read").to_vec();
+                    assert!(
+                        got.iter().all(|b| *b == value),
+                        "{schedule:?} seed {seed} len {len}: a copy read a reused block"
+                    );
+                }
+                drop((clobber, clobber_1));
+            }
+        }
+    }
+    fake.assert_no_violations();
+}
+
+fn all_reduce_on(devices: &[usize], mean: bool) -> Vec<Vec<f32>> {
+    let ids: Vec<_> = devices
+        .iter()
+        .map(|d| CudaDevice::new(*d).to_id())
+        .collect();
+    std::thread::scope(|scope| {
+        devices
+            .iter()
+            .map(|device| {
+                let ids = ids.clone();
+                let op = match mean {
+                    true => ReduceOperation::Mean,
+                    false => ReduceOperation::Sum,
+                };
+                let device = *device;
+                scope.spawn(move || {
+                    let mut client: Client = CachingCudaRuntime::client(&CudaDevice::new(device));
+                    let values: Vec<u8> = (0..1000)
+                        .flat_map(|i| (i as f32 + device as f32 * 1000.0).to_ne_bytes())
+                        .collect();
+                    let buffer = client.create_from_slice(&values);
+                    client.all_reduce(
+                        buffer.clone(),
+                        buffer.clone(),
+                        ElemType::Float(FloatKind::F32),
+                        ids,
+                        op,
+                    );
+                    client.sync_collective();
+                    let bytes = client.read_one(buffer).expect("read").to_vec();
+                    bytes
+                        .chunks(4)
+                        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+                        .collect::<Vec<f32>>()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|thread| thread.join().expect("a rank"))
+            .collect()
+    })
+}
+
+#[test]
+fn nccl_all_reduce_across_two_and_four_devices_is_exact() {
+    let Some(fake) = four_devices("comm::nccl_all_reduce_across_two_and_four_devices_is_exact")
+    else {
+        return;
+    };
+    set_communication(Communication::Nccl);
+    for devices in [&[0usize, 1][..], &[0, 1, 2, 3][..]] {
+        let n = devices.len() as f32;
+        let base: f32 = devices.iter().map(|d| *d as f32 * 1000.0).sum();
+        for mean in [false, true] {
+            for result in all_reduce_on(devices, mean) {
+                for (i, got) in result.iter().enumerate() {
+                    let sum = n * i as f32 + base;
+                    let want = if mean { sum / n } else { sum };
+                    assert_eq!(*got, want, "{devices:?} element {i}");
+                }
+            }
+        }
+    }
+    // NCCL ran them: the fake counted the calls.
+    assert!(fake.calls("ncclAllReduce") >= 12);
+    set_communication(Communication::Auto);
+    fake.assert_no_violations();
+}
+
+#[test]
+fn out_of_memory_on_the_destination_is_the_allocators_error_on_its_stream() {
+    let Some(fake) = four_devices(
+        "comm::out_of_memory_on_the_destination_is_the_allocators_error_on_its_stream",
+    ) else {
+        return;
+    };
+    set_communication(Communication::Auto);
+    let source: Client = CachingCudaRuntime::client(&CudaDevice::new(0));
+    let small: Client = CachingCudaRuntime::client(&CudaDevice::new(3));
+    let len = 128 << 20;
+    let data = source.create_from_slice(&vec![1u8; len]);
+    let moved = move_to(&source, &small, data, len);
+    let err = small
+        .read_one(moved)
+        .expect_err("64 MiB cannot hold 128 MiB");
+    let message = err.to_string();
+    assert!(message.contains("caching allocator"), "{message}");
+    // The source's staging block goes back: nothing copies from it.
+    let again = source.create_from_slice(&vec![2u8; 4096]);
+    let moved = move_to(&source, &small, again, 4096);
+    assert_eq!(
+        small.read_one(moved).expect("read").to_vec(),
+        vec![2u8; 4096]
+    );
+    fake.assert_no_violations();
+}
