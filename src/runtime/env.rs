@@ -45,6 +45,23 @@ fn trace_path_from(value: Option<std::ffi::OsString>) -> Option<std::path::PathB
     }
 }
 
+/// Whether `BURN_CACHING_ALLOC_CONF` sets `expandable_segments` itself (to either value). When it
+/// does not, and no configuration was given in code, a device with virtual memory (CUDA with
+/// virtual memory management) starts with expandable segments on: in the replay of the
+/// generated `transformer-varlen` trace they reserve 0.52x of CubeCL's pools where the default
+/// rules reserve 1.46x, and `tests/cuda_fake` runs their map, grow and unmap path against the
+/// fake driver's contracts. `expandable_segments:False` is PyTorch's default, one key away.
+pub(crate) fn sets_expandable_segments() -> bool {
+    std::env::var(CONFIG_ENV).is_ok_and(|text| names_key(&text, "expandable_segments"))
+}
+
+/// Whether the configuration string `text` has an item with key `key`.
+fn names_key(text: &str, key: &str) -> bool {
+    text.split(',')
+        .filter_map(|item| item.split_once(':'))
+        .any(|(k, _)| k.trim() == key)
+}
+
 /// The engine configuration a device starts with: `configured` (given in code before the device
 /// opened) if any, else `BURN_CACHING_ALLOC_CONF` (not read at all when `configured` is given);
 /// either way with history recording on when `BURN_CACHING_ALLOC_TRACE` names a path.
@@ -66,7 +83,25 @@ pub(crate) fn startup_config(
 
 #[cfg(test)]
 mod tests {
-    use super::trace_path_from;
+    use super::{names_key, trace_path_from};
+
+    #[test]
+    fn the_expandable_key_is_found_whatever_its_value_and_only_as_a_key() {
+        assert!(names_key(
+            "expandable_segments:False",
+            "expandable_segments"
+        ));
+        assert!(names_key(
+            "max_split_size_mb:64, expandable_segments:true",
+            "expandable_segments"
+        ));
+        assert!(!names_key("max_split_size_mb:64", "expandable_segments"));
+        assert!(!names_key("", "expandable_segments"));
+        assert!(!names_key(
+            "roundup_power2_divisions:[1:2,>:4]",
+            "expandable_segments"
+        ));
+    }
 
     /// Issue 20 point 6: `BURN_CACHING_ALLOC_TRACE=""` switched the slow diagnostic mode on
     /// (every reservation reclaims) for a trace that could never be written.

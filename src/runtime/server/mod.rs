@@ -69,10 +69,11 @@ use cubecl_runtime::timestamp_profiler::TimestampProfiler;
 use parking_lot::Mutex;
 
 use super::driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
-use super::env::{oom_snapshot_path, startup_config};
+use super::env::{oom_snapshot_path, sets_expandable_segments, startup_config};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
 use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, ObserverThread, Stack};
+use crate::device::DeviceMemory as _;
 use caller_stack::CallerStacks;
 use kernels::KernelCache;
 use ordering::{
@@ -120,14 +121,26 @@ impl<D: Driver> CachingServer<D> {
     /// `streaming.max_streams` slots of CubeCL's configuration (128 by default), as on CubeCL's
     /// own servers. A configuration the device cannot serve is the engine's
     /// [`ConfigError::Unsupported`] (see [`CachingAllocator::new`]).
-    pub fn new(
+    pub fn new(driver: D, device: DeviceId, config: AllocatorConfig) -> Result<Self, ConfigError> {
+        Self::with_device_defaults(driver, device, config, false)
+    }
+
+    /// [`CachingServer::new`], with `expandable_segments` turned on when
+    /// `expandable_by_default` and the device supports virtual memory (CUDA devices with
+    /// virtual memory management): the default when the configuration does not set the key.
+    fn with_device_defaults(
         mut driver: D,
         device: DeviceId,
-        config: AllocatorConfig,
+        mut config: AllocatorConfig,
+        expandable_by_default: bool,
     ) -> Result<Self, ConfigError> {
         let properties = driver.properties();
         let memory_properties: MemoryDeviceProperties = properties.memory.clone();
-        let allocator = Arc::new(CachingAllocator::new(driver.memory(), config)?);
+        let memory = driver.memory();
+        if expandable_by_default && memory.virtual_memory_granularity().is_some() {
+            config.expandable_segments = true;
+        }
+        let allocator = Arc::new(CachingAllocator::new(memory, config)?);
         allocator.set_device_index(u32::from(device.index_id));
         allocator.dump_snapshot_on_oom(oom_snapshot_path());
         // Requests run inside the server's task: observers run where they may call back into
@@ -169,7 +182,8 @@ impl<D: Driver> CachingServer<D> {
 
     /// What CubeCL's `DeviceService::init` does, with the reason as an error: the configuration
     /// given in code (`backend::configure`) if any, else `BURN_CACHING_ALLOC_CONF`; the driver
-    /// opened; the server over it ([`CachingServer::new`]).
+    /// opened; the server over it ([`CachingServer::new`]), with expandable segments on where
+    /// the device has virtual memory and the configuration did not choose.
     fn open(device_id: DeviceId) -> Result<Self, DriverError> {
         let configured = registry::take_config::<D::Memory>(device_id);
         let source = if configured.is_some() {
@@ -177,11 +191,16 @@ impl<D: Driver> CachingServer<D> {
         } else {
             crate::alloc::CONFIG_ENV
         };
+        // Expandable segments are the default where the device has virtual memory, unless the
+        // configuration chose (see `env::sets_expandable_segments`).
+        let chosen = configured.is_some() || sets_expandable_segments();
         let config = startup_config(configured)?;
         let driver = D::open(device_id)?;
-        Self::new(driver, device_id, config).map_err(|source_err| DriverError::Config {
-            var: source,
-            source: source_err,
+        Self::with_device_defaults(driver, device_id, config, !chosen).map_err(|source_err| {
+            DriverError::Config {
+                var: source,
+                source: source_err,
+            }
         })
     }
 
