@@ -45,6 +45,8 @@ pub(crate) mod server;
 #[cfg(feature = "runtime")]
 pub use driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 #[cfg(feature = "runtime")]
+pub use env::{OOM_SNAPSHOT_ENV, TRACE_ENV};
+#[cfg(feature = "runtime")]
 pub use error::DriverError;
 #[cfg(feature = "runtime")]
 pub use server::{CachingServer, CallerStackPolicy, CubeclLayerUsage};
