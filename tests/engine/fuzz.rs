@@ -201,6 +201,8 @@ fn use_snapshot(snapshot: Snapshot) {
     let pickle = torch_snapshot_pickle(&snapshot, 3);
     assert!(!pickle.is_empty());
     let _ = snapshot.to_json_pretty();
+    let _ = snapshot.stats.cached_in_engine();
+    let _ = snapshot.stats.to_map();
     let edge = MemoryPoint::with_layer_above(snapshot.clone(), u64::MAX, u64::MAX);
     let _ = edge.cached_in_engine();
     let engine = MemoryPoint::of_engine(snapshot);
