@@ -5,7 +5,7 @@
 //! computes what is a property of the trace alone, whatever the allocator: the bytes of live
 //! requests after every operation and their peak.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use burn_caching_alloc::alloc::{Trace, TraceEvent};
 use burn_caching_alloc::device::DeviceStream;
@@ -41,7 +41,17 @@ pub enum TraceError {
     ZeroSize { index: usize, id: u64 },
     #[error("the trace has no malloc")]
     Empty,
+    #[error("event {index}: allocation {id} takes the live requests past 2^64 bytes")]
+    TooManyBytes { index: usize, id: u64 },
+    #[error("event {index}: the trace uses more than {MAX_STREAMS} distinct streams")]
+    TooManyStreams { index: usize },
+    #[error("event {index}: more than 2^32 allocations are live at once")]
+    TooManySlots { index: usize },
 }
+
+/// The most distinct streams a replayed trace may use: each costs the replay per-stream state
+/// (a CubeCL manager in the caching stack), so a trace naming millions is refused.
+pub const MAX_STREAMS: usize = 1024;
 
 /// A checked trace, ready to replay.
 #[derive(Clone, Debug)]
@@ -73,6 +83,14 @@ impl Program {
         let mut peak_allocated = 0u64;
         let mut peak_op = 0usize;
         let mut skipped_events = 0usize;
+        let mut streams: HashSet<u64> = HashSet::new();
+        let mut stream_seen = |stream: u64, index: usize| {
+            if streams.len() >= MAX_STREAMS && !streams.contains(&stream) {
+                return Err(TraceError::TooManyStreams { index });
+            }
+            streams.insert(stream);
+            Ok(())
+        };
         for (index, event) in trace.events.iter().enumerate() {
             match *event {
                 TraceEvent::Malloc {
@@ -84,13 +102,21 @@ impl Program {
                     if live.contains_key(&id) {
                         return Err(TraceError::DuplicateAllocation { index, id });
                     }
-                    let slot = free_slots.pop().unwrap_or_else(|| {
-                        slots += 1;
-                        (slots - 1) as u32
-                    });
+                    allocated = allocated
+                        .checked_add(size)
+                        .ok_or(TraceError::TooManyBytes { index, id })?;
+                    stream_seen(stream, index)?;
+                    let slot = match free_slots.pop() {
+                        Some(slot) => slot,
+                        None => {
+                            let slot = u32::try_from(slots)
+                                .map_err(|_| TraceError::TooManySlots { index })?;
+                            slots += 1;
+                            slot
+                        }
+                    };
                     live.insert(id, (slot, size));
                     mallocs += 1;
-                    allocated += size;
                     ops.push(Op::Malloc {
                         slot,
                         size,
@@ -111,10 +137,13 @@ impl Program {
                     None => return Err(TraceError::FreeOfDeadAllocation { index, id }),
                 },
                 TraceEvent::RecordStream { id, stream } => match live.get(&id) {
-                    Some(&(slot, _)) => ops.push(Op::RecordStream {
-                        slot,
-                        stream: DeviceStream(stream),
-                    }),
+                    Some(&(slot, _)) => {
+                        stream_seen(stream, index)?;
+                        ops.push(Op::RecordStream {
+                            slot,
+                            stream: DeviceStream(stream),
+                        })
+                    }
                     None if lenient => skipped_events += 1,
                     None => return Err(TraceError::RecordOfDeadAllocation { index, id }),
                 },

@@ -33,6 +33,9 @@ use super::allocator::{
 use super::devices::{ReplayDevice, SimReplayDevice};
 use super::program::{Op, Program};
 
+/// The most latency samples reserved before a measurement starts (128 MiB of `u64`).
+const MAX_RESERVED_SAMPLES: usize = 1 << 24;
+
 /// What a replay did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReplayCounts {
@@ -354,7 +357,15 @@ pub fn measure_with<R: ReplayDevice, A: ReplayAllocator>(
     let overhead = timer_overhead_ns();
     let mut stopwatch = Stopwatch {
         start: None,
-        samples: Vec::with_capacity(program.ops().len() * options.runs),
+        // Reserved up front for the usual run counts; a huge `runs` grows as it goes instead
+        // of overflowing the product.
+        samples: Vec::with_capacity(
+            program
+                .ops()
+                .len()
+                .saturating_mul(options.runs)
+                .min(MAX_RESERVED_SAMPLES),
+        ),
     };
     for _ in 0..options.runs {
         let (memory, meter) = open_metered(device)?;

@@ -412,6 +412,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             .store(context_level(&options), Ordering::Relaxed);
     }
 
+    /// Holds the engine's lock until the guard drops: tests check that a path takes no lock.
+    #[cfg(all(test, feature = "runtime"))]
+    pub(crate) fn hold_engine_lock(&self) -> impl Sized + '_ {
+        self.engine.lock()
+    }
+
     /// The options history is recorded with ([`HistoryOptions::off`] when not recording).
     pub fn history_options(&self) -> HistoryOptions {
         self.engine.lock().history_options()

@@ -267,6 +267,51 @@ impl AllocatorConfig {
         Ok(config)
     }
 
+    /// Checks what the configuration string's parser checks, for a configuration built in
+    /// code or deserialised: split sizes of at least 20 MiB, fractions in range, division
+    /// counts that are 0 or powers of two (so that every block stays a multiple of 512
+    /// bytes). The allocator checks it when it starts.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let megabytes = |key: &str, bytes: u64| {
+            if bytes >= MIN_SPLIT_MB * MIB {
+                Ok(())
+            } else {
+                Err(invalid(
+                    key,
+                    &format!("{bytes} bytes"),
+                    &format!("at least {MIN_SPLIT_MB} MiB"),
+                ))
+            }
+        };
+        if let Some(bytes) = self.max_split_size {
+            megabytes("max_split_size_mb", bytes)?;
+        }
+        megabytes("max_non_split_rounding_mb", self.max_non_split_rounding)?;
+        if let Some(threshold) = self.garbage_collection_threshold {
+            parse_fraction(
+                "garbage_collection_threshold",
+                &threshold.to_string(),
+                false,
+            )?;
+        }
+        if let Some(fraction) = self.memory_fraction {
+            validate_memory_fraction(fraction)?;
+        }
+        if let Some(n) = self
+            .roundup_power2_divisions
+            .buckets
+            .iter()
+            .find(|n| **n > 1 && !n.is_power_of_two())
+        {
+            return Err(invalid(
+                "roundup_power2_divisions",
+                &n.to_string(),
+                "0 or a power of two",
+            ));
+        }
+        Ok(())
+    }
+
     fn apply(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
         if let Some(row) = KEYS.iter().find(|row| row.name == key) {
             return (row.apply)(self, key, value);
@@ -333,11 +378,13 @@ const KEYS: [Key; 10] = [
     }),
     // A trace without stacks (`HistoryOptions::trace`), or nothing.
     key!("record_history", |config, key, value| {
-        config.history = config.history.with_enabled(match value {
-            "true" | "1" => RecordMode::All,
-            "false" | "0" => RecordMode::Off,
-            _ => return Err(invalid(key, value, "true or false")),
-        })
+        config.history = config
+            .history
+            .with_enabled(if parse_true_false(key, value)? {
+                RecordMode::All
+            } else {
+                RecordMode::Off
+            })
     }),
     key!("history_capacity", |config, key, value| {
         let entries = parse_integer(key, value, 1, MAX_HISTORY_CAPACITY)? as usize;
@@ -448,7 +495,8 @@ fn parse_true_false(key: &str, value: &str) -> Result<bool, ConfigError> {
 fn parse_fraction(key: &str, value: &str, one_allowed: bool) -> Result<f64, ConfigError> {
     let range = if one_allowed { "(0, 1]" } else { "(0, 1)" };
     match value.parse::<f64>() {
-        Ok(f) if f > 0.0 && (f < 1.0 || (one_allowed && f == 1.0)) => Ok(f),
+        // A subnormal fraction (1e-320) is no fraction of any device: its limit is 0 bytes.
+        Ok(f) if f.is_normal() && f > 0.0 && (f < 1.0 || (one_allowed && f == 1.0)) => Ok(f),
         _ => Err(invalid(key, value, &format!("a number in {range}"))),
     }
 }

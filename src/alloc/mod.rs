@@ -41,14 +41,14 @@ pub(crate) mod units;
 
 pub use allocator::{Allocation, CachingAllocator};
 pub use block::BlockState;
-#[cfg(feature = "runtime")]
-pub(crate) use config::CONFIG_ENV;
-pub use config::{AllocatorConfig, ConfigError, MAX_HISTORY_CAPACITY, RoundupDivisions};
+pub use config::{
+    AllocatorConfig, CONFIG_ENV, ConfigError, MAX_HISTORY_CAPACITY, RoundupDivisions,
+};
 pub use error::{AllocError, InvariantViolation, OomAdvice, OomDiagnosis};
 pub use history::inspect;
 pub use history::{
-    BlockSnapshot, HistoryEntry, HistoryOptions, MAX_TRACE_BYTES, RecordMode, SegmentSnapshot,
-    Snapshot, StackContext, Trace, TraceAction, TraceEvent, TraceFileError,
+    BlockSnapshot, HistoryEntry, HistoryOptions, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, RecordMode,
+    SegmentSnapshot, Snapshot, StackContext, Trace, TraceAction, TraceEvent, TraceFileError,
 };
 pub use observers::{ObserverReport, ObserverThread, OomObserver};
 pub use report::{

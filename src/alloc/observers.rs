@@ -18,7 +18,6 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar};
-use std::thread::ThreadId;
 
 use parking_lot::Mutex;
 
@@ -55,17 +54,22 @@ pub struct ObserverReport {
     pub panicked: u64,
 }
 
+std::thread_local! {
+    /// How many observers the current thread is running (nested when an observer's own
+    /// request fails): `wait` returns at once from inside one, which waits for nothing but
+    /// itself otherwise, on either [`ObserverThread`].
+    static RUNNING_OBSERVERS: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+}
+
 /// One failure, for the observer thread.
 struct Notice {
     error: AllocError,
     observers: Vec<OomObserver>,
 }
 
-/// The observer thread: where notices go, and its id (so that an observer waiting for the
-/// observers does not wait for itself).
+/// The observer thread: where notices go.
 struct Worker {
     notices: Sender<Notice>,
-    thread: ThreadId,
 }
 
 /// The registered observers and where they run.
@@ -132,11 +136,7 @@ impl Observers {
     /// [`ObserverThread::Caller`], and when called from an observer), and says what they did.
     pub(crate) fn wait(&self) -> ObserverReport {
         let target = *self.sent.lock();
-        let on_worker = self
-            .worker
-            .lock()
-            .as_ref()
-            .is_some_and(|w| w.thread == std::thread::current().id());
+        let on_worker = RUNNING_OBSERVERS.get() > 0;
         let (report, done) = &*self.report;
         let mut guard = report
             .lock()
@@ -153,7 +153,7 @@ impl Observers {
 /// Starts the observer thread.
 fn spawn(report: Arc<(std::sync::Mutex<ObserverReport>, Condvar)>) -> std::io::Result<Worker> {
     let (notices, received) = mpsc::channel::<Notice>();
-    let handle = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("caching-alloc-oom-observers".into())
         .spawn(move || {
             // Ends when the allocator (the sender) is dropped.
@@ -161,10 +161,7 @@ fn spawn(report: Arc<(std::sync::Mutex<ObserverReport>, Condvar)>) -> std::io::R
                 run(&report, &notice.error, &notice.observers);
             }
         })?;
-    Ok(Worker {
-        notices,
-        thread: handle.thread().id(),
-    })
+    Ok(Worker { notices })
 }
 
 /// Runs `observers` on `error`, each caught, and counts the failure as handled.
@@ -175,7 +172,10 @@ fn run(
 ) {
     let (mut ran, mut panicked) = (0, 0);
     for observer in observers {
-        match catch_unwind(AssertUnwindSafe(|| observer(error))) {
+        RUNNING_OBSERVERS.set(RUNNING_OBSERVERS.get() + 1);
+        let outcome = catch_unwind(AssertUnwindSafe(|| observer(error)));
+        RUNNING_OBSERVERS.set(RUNNING_OBSERVERS.get() - 1);
+        match outcome {
             Ok(()) => ran += 1,
             Err(payload) => {
                 panicked += 1;

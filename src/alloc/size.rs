@@ -50,9 +50,12 @@ pub const GROWTH_SHARE: u64 = 8;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PoolKind {
-    /// Blocks of at most 1 MiB, carved out of 2 MiB segments.
+    /// The pool of requests of at most 1 MiB, carved out of 2 MiB segments. With pool
+    /// borrowing (`AllocatorConfig::pool_borrowing`, the default) a large request of at most
+    /// 2 MiB may also take a free block of this pool, so its blocks can exceed 1 MiB.
     Small,
-    /// Blocks larger than 1 MiB.
+    /// The pool of requests larger than 1 MiB; with pool borrowing, a wholly free 2 MiB
+    /// segment of it may serve a small request.
     Large,
 }
 

@@ -194,9 +194,12 @@ impl MemoryStats {
         self.reserved_bytes.all.peak
     }
 
-    /// Reserved bytes that no live allocation uses.
-    pub fn memory_cached(&self) -> u64 {
-        self.memory_reserved() - self.memory_allocated()
+    /// Reserved bytes that no live allocation uses (`memory_reserved - memory_allocated`).
+    /// Not PyTorch's deprecated `memory_cached`, which meant reserved bytes. Saturating: stats
+    /// read back from a file may say anything.
+    pub fn cached_in_engine(&self) -> u64 {
+        self.memory_reserved()
+            .saturating_sub(self.memory_allocated())
     }
 
     /// Calls `f` on every [`Stat`]: each pool's of every array, and the single ones.

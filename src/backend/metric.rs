@@ -14,8 +14,12 @@
 //! `memory_reserved`), and the peaks **since the previous reading** of the group:
 //! [`MemoryQuantity::PeakAllocated`] (the engine's peak of allocated blocks, which counts
 //! CubeCL's free slices too; equal to the live tensors' peak while history is recorded) and
-//! [`MemoryQuantity::PeakReserved`]. To give peaks per reading, a group that holds a peak
-//! metric resets the device's peak statistics (`reset_peak_memory_stats`) at every reading.
+//! [`MemoryQuantity::PeakReserved`]. Reading changes nothing on the device: the group keeps
+//! its own baseline (the device's peaks at its previous reading) and never resets the device's
+//! peak statistics, which stay the user's (`max_memory_allocated` reads what it would read
+//! without the metrics). When the device's peak rose since the previous reading, that peak
+//! was reached since then and is shown; otherwise the peak since then is not known (the
+//! device's is older), and the higher of the two readings' current values is shown.
 //!
 //! The metrics of one [`MemoryMetrics`] group share their readings: within one update round
 //! (burn-train updates every metric once per item, in the order registered) the group's first
@@ -34,7 +38,7 @@ use burn_train::metric::{
 };
 use parking_lot::Mutex;
 
-use super::{CachingDevice, memory_stats, reset_peak_memory_stats};
+use super::{CachingDevice, memory_stats};
 use crate::alloc::units::MIB;
 
 /// Which number of the device a [`CachingMemoryMetric`] shows.
@@ -58,13 +62,6 @@ impl MemoryQuantity {
             MemoryQuantity::PeakAllocated => "GPU Memory Peak Allocated",
             MemoryQuantity::PeakReserved => "GPU Memory Peak Reserved",
         }
-    }
-
-    fn is_peak(self) -> bool {
-        matches!(
-            self,
-            MemoryQuantity::PeakAllocated | MemoryQuantity::PeakReserved
-        )
     }
 }
 
@@ -94,8 +91,8 @@ struct Shared {
     /// Readings taken so far; 0: none.
     generation: u64,
     reading: Reading,
-    /// Whether a peak metric belongs to the group (then readings reset the peaks).
-    peaks: bool,
+    /// The device's peaks (allocated, reserved) at the previous reading: the group's baseline.
+    device_peaks: Option<(u64, u64)>,
     /// Whether the group's first metric (the one that takes each round's reading) exists.
     first_made: bool,
 }
@@ -118,7 +115,6 @@ impl<Dev: CachingDevice + Clone + Send + Sync> MemoryMetrics<Dev> {
     /// The metric of `quantity` in this group.
     pub fn metric(&self, quantity: MemoryQuantity) -> CachingMemoryMetric<Dev> {
         let mut shared = self.shared.lock();
-        shared.peaks |= quantity.is_peak();
         let first = !std::mem::replace(&mut shared.first_made, true);
         drop(shared);
         CachingMemoryMetric {
@@ -192,15 +188,35 @@ impl<Dev: CachingDevice + Clone + Send + Sync> CachingMemoryMetric<Dev> {
         let mut shared = self.shared.lock();
         if self.first || shared.generation == 0 || shared.generation == self.seen {
             let stats = memory_stats(&self.device);
-            shared.reading = Reading {
-                allocated: stats.memory_allocated(),
-                reserved: stats.memory_reserved(),
-                peak_allocated: stats.engine.max_memory_allocated(),
-                peak_reserved: stats.max_memory_reserved(),
+            let (allocated, reserved) = (stats.memory_allocated(), stats.memory_reserved());
+            let peaks = (
+                stats.engine.max_memory_allocated(),
+                stats.max_memory_reserved(),
+            );
+            let previous = shared.reading;
+            // The peak since the previous reading: the device's when it rose since then,
+            // else the higher of the two readings (see the module documentation).
+            let since = |peak: u64, baseline: Option<u64>, before: u64, now: u64| match baseline {
+                Some(baseline) if peak <= baseline => before.max(now),
+                _ => peak,
             };
-            if shared.peaks {
-                reset_peak_memory_stats(&self.device);
-            }
+            shared.reading = Reading {
+                allocated,
+                reserved,
+                peak_allocated: since(
+                    peaks.0,
+                    shared.device_peaks.map(|p| p.0),
+                    previous.allocated,
+                    allocated,
+                ),
+                peak_reserved: since(
+                    peaks.1,
+                    shared.device_peaks.map(|p| p.1),
+                    previous.reserved,
+                    reserved,
+                ),
+            };
+            shared.device_peaks = Some(peaks);
             shared.generation += 1;
         }
         self.seen = shared.generation;

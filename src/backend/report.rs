@@ -8,21 +8,27 @@
 //! ```
 //!
 //! The analysis is the engine's ([`MemoryReport`]); this side supplies what only the device
-//! knows: the bytes of live tensors ([`CachingMemoryStats::memory_allocated`]) and what is free
-//! in CubeCL's slices ([`CachingMemoryStats::cached_in_cubecl`]). The engine counts CubeCL's
+//! knows: the bytes of live tensors ([`memory_allocated`](super::CachingMemoryStats::memory_allocated)) and what is free
+//! in CubeCL's slices ([`cached_in_cubecl`](super::CachingMemoryStats::cached_in_cubecl)). The engine counts CubeCL's
 //! free slices as allocated blocks, so blocks listed as held since the first point may include
 //! slices CubeCL keeps for reuse (their total is the report's "free in CubeCL's slices");
 //! while history is recorded, CubeCL hands every freed slice back at the next reservation and
 //! the held blocks are exactly the live tensors.
 
-use super::{CachingDevice, CachingMemoryStats, memory_snapshot, memory_stats};
+use super::CachingDevice;
+use super::device::settled;
 use crate::alloc::{MemoryPoint, MemoryReport};
 
 /// One reading of `device`'s memory, to compare with a later one in [`memory_report`].
+///
+/// One reading: CubeCL's free slices are handed back once, and the snapshot (segments and
+/// statistics taken under one lock of the engine) and CubeCL's layer come from that one
+/// hand-back, so the numbers belong together.
 pub fn memory_point<Dev: CachingDevice>(device: &Dev) -> MemoryPoint {
-    let stats: CachingMemoryStats = memory_stats(device);
-    let snapshot = memory_snapshot(device);
-    MemoryPoint::with_layer_above(snapshot, stats.memory_allocated(), stats.cached_in_cubecl())
+    let settled = settled(device);
+    let snapshot = settled.entry.allocator.snapshot();
+    let allocated = snapshot.stats.memory_allocated();
+    MemoryPoint::with_layer_above(snapshot, allocated, settled.cubecl.cached_bytes())
 }
 
 /// What `device`'s memory is doing: since `before` when given (live tensors growing:

@@ -14,10 +14,10 @@ use super::error::DriverError;
 use crate::alloc::{AllocatorConfig, CONFIG_ENV, RecordMode};
 
 /// The trace file variable (see the module docs).
-pub(crate) const TRACE_ENV: &str = "BURN_CACHING_ALLOC_TRACE";
+pub const TRACE_ENV: &str = "BURN_CACHING_ALLOC_TRACE";
 
 /// The out-of-memory snapshot variable (see the module docs).
-pub(crate) const OOM_SNAPSHOT_ENV: &str = "BURN_CACHING_ALLOC_OOM_SNAPSHOT";
+pub const OOM_SNAPSHOT_ENV: &str = "BURN_CACHING_ALLOC_OOM_SNAPSHOT";
 
 /// The path `BURN_CACHING_ALLOC_OOM_SNAPSHOT` names, if set and not empty.
 pub(crate) fn oom_snapshot_path() -> Option<std::path::PathBuf> {

@@ -49,6 +49,8 @@ pub use comm_path::{COMM_ENV, Communication, communication, set_communication};
 #[cfg(feature = "runtime")]
 pub use driver::{Collective, DeviceReduce, Driver, Launch, LaunchCount, MetadataLayout, Resource};
 #[cfg(feature = "runtime")]
+pub use env::{OOM_SNAPSHOT_ENV, TRACE_ENV};
+#[cfg(feature = "runtime")]
 pub use error::DriverError;
 #[cfg(feature = "runtime")]
 pub use server::{CachingServer, CallerStackPolicy, CubeclLayerUsage};

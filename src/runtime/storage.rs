@@ -64,7 +64,8 @@ pub struct EngineStorage<D: DeviceMemory> {
     allocator: Arc<CachingAllocator<D>>,
     stream: DeviceStream,
     alignment: u64,
-    blocks: HashMap<StorageId, Allocation<D::Handle>>,
+    /// Each block, with the bytes CubeCL asked for it (0 for an empty tensor's block).
+    blocks: HashMap<StorageId, (Allocation<D::Handle>, u64)>,
     growth: Growth,
     refused: bool,
     last_error: Option<AllocError>,
@@ -144,13 +145,25 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
     fn get(&mut self, handle: &StorageHandle) -> Self::Resource {
         // MemoryManagement only resolves handles of slices it holds, and every slice it holds
         // was created by `alloc` and is removed only by `dealloc`: a miss is a broken invariant.
-        let block = self.blocks.get(&handle.id).unwrap_or_else(|| {
+        let (block, _) = self.blocks.get(&handle.id).unwrap_or_else(|| {
             panic!(
                 "EngineStorage: {} is not a live block of {} (CubeCL resolved a slice it had \
                  already deallocated)",
                 handle.id, self.stream
             )
         });
+        // The server refuses offsets past a slice before they reach CubeCL's unchecked
+        // subtraction; a range outside the block here would let a kernel write into its
+        // neighbours, so it is a broken invariant too.
+        let end = handle.offset().checked_add(handle.size());
+        assert!(
+            end.is_some_and(|end| end <= block.size()),
+            "EngineStorage: {} resolves bytes {}..{:?} outside its {}-byte block",
+            handle.id,
+            handle.offset(),
+            end,
+            block.size()
+        );
         EngineResource {
             segment: block.segment().clone(),
             offset: block.offset() + handle.offset(),
@@ -172,7 +185,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
             Ok(Some(block)) => {
                 let id = StorageId::new();
                 self.held_bytes += size;
-                self.blocks.insert(id, block);
+                self.blocks.insert(id, (block, size));
                 Ok(StorageHandle::new(
                     id,
                     StorageUtilization { offset: 0, size },
@@ -199,11 +212,11 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
     }
 
     fn dealloc(&mut self, id: StorageId) {
-        let Some(block) = self.blocks.remove(&id) else {
+        let Some((block, size)) = self.blocks.remove(&id) else {
             log::warn!("EngineStorage: dealloc of unknown {id} on {}", self.stream);
             return;
         };
-        self.held_bytes = self.held_bytes.saturating_sub(block.requested_size());
+        self.held_bytes -= size;
         if let Err(err) = self.allocator.free(block) {
             log::error!("EngineStorage: engine refused to free a block: {err}");
         }
@@ -220,7 +233,7 @@ impl<D: DeviceMemory> Drop for EngineStorage<D> {
     fn drop(&mut self) {
         let mut refused = 0usize;
         let mut last = None;
-        for (_, block) in self.blocks.drain() {
+        for (_, (block, _)) in self.blocks.drain() {
             if let Err(err) = self.allocator.free(block) {
                 refused += 1;
                 last = Some(err);

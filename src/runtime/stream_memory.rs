@@ -188,6 +188,15 @@ impl core::fmt::Display for ReserveError {
     }
 }
 
+impl std::error::Error for ReserveError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.engine {
+            Some(engine) => Some(engine),
+            None => Some(&self.io),
+        }
+    }
+}
+
 /// One stream's memory: its persistent CubeCL manager over the engine, and its reclaim budget.
 pub struct StreamMemory<D: DeviceMemory> {
     manager: PersistentManager<D>,
@@ -291,6 +300,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
         size: u64,
     ) -> Result<Option<ManagedMemoryHandle>, ReserveError> {
         self.counters.reserves += 1;
+        self.refuse_unpaddable(size)?;
         if self.policy == ReclaimPolicy::EveryReserve {
             self.counters.reclaims += 1;
             self.reclaim();
@@ -413,6 +423,35 @@ impl<D: DeviceMemory> StreamMemory<D> {
         size.checked_next_multiple_of(self.alignment)
     }
 
+    /// A size CubeCL cannot pad to its alignment (within one alignment of `u64::MAX`) would
+    /// wrap inside CubeCL's pool (a tiny block in a release build, a panic in a debug one):
+    /// the engine is asked for it instead, and refuses it as [`AllocError::TooLarge`] (counted
+    /// as an out-of-memory, as any request that can never fit).
+    fn refuse_unpaddable(&mut self, size: u64) -> Result<(), ReserveError> {
+        if self.padded(size).is_some() {
+            return Ok(());
+        }
+        let storage = self.manager.storage();
+        let engine = match storage.allocator().malloc(size, storage.stream()) {
+            Err(err) => err,
+            Ok(block) => {
+                // No device holds 2^64 bytes; should one, the request is still unusable here.
+                let _ = storage.allocator().free(block);
+                AllocError::TooLarge {
+                    requested: size,
+                    max: u64::MAX - self.alignment,
+                }
+            }
+        };
+        Err(ReserveError {
+            io: IoError::BufferTooBig {
+                size,
+                backtrace: cubecl_common::backtrace::BackTrace::capture(),
+            },
+            engine: Some(engine),
+        })
+    }
+
     /// Whether a walk could find a free slice: the last one released some, or CubeCL has
     /// reused a freed slice since (tensors are being dropped). A model load, where nothing
     /// is dropped, thus earns and spends no placement credit after its first walk.
@@ -441,6 +480,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
     /// engine's full path (its cache flush and retry), whose failure is the request's one
     /// out-of-memory (counted, observed and snapshotted by the engine once).
     pub fn reserve_last_resort(&mut self, size: u64) -> Result<ManagedMemoryHandle, ReserveError> {
+        self.refuse_unpaddable(size)?;
         self.manager.storage().set_growth(Growth::Allowed);
         self.manager.reserve(size).map_err(|io| ReserveError {
             io,

@@ -229,7 +229,7 @@ fn from_env_reads_the_variable() {
     );
 }
 
-const CONF: &str = "BURN_CACHING_ALLOC_CONF";
+const CONF: &str = burn_caching_alloc::alloc::CONFIG_ENV;
 
 /// Issue 20 point 6: `history_capacity` accepted up to 2^32 entries (hundreds of GiB of ring);
 /// the most is 2^24 now, and the error says so.
@@ -273,4 +273,86 @@ fn history_options_follow_the_configuration_and_record_memory_history() {
     assert_eq!(plain.history_options(), with_stacks);
     plain.record_memory_history(HistoryOptions::off());
     assert_eq!(plain.history_options(), HistoryOptions::off());
+}
+
+/// Issue 33: `record_history` accepted only `true`/`1`/`false`/`0`, where every other boolean
+/// key also accepts PyTorch's `True`/`False`.
+#[test]
+fn record_history_accepts_pythons_booleans_like_every_other_boolean() {
+    for (value, mode) in [
+        ("True", RecordMode::All),
+        ("true", RecordMode::All),
+        ("1", RecordMode::All),
+        ("False", RecordMode::Off),
+        ("false", RecordMode::Off),
+        ("0", RecordMode::Off),
+    ] {
+        let config = AllocatorConfig::parse(&format!("record_history:{value}"))
+            .unwrap_or_else(|err| panic!("record_history:{value}: {err}"));
+        assert_eq!(config.history.enabled, mode, "record_history:{value}");
+    }
+    assert!(AllocatorConfig::parse("record_history:yes").is_err());
+}
+
+/// Issue 33: `per_process_memory_fraction:1e-320` (a subnormal number, greater than 0) was
+/// accepted and made a limit of 0 bytes.
+#[test]
+fn a_subnormal_memory_fraction_is_refused() {
+    for value in ["1e-320", "4.9e-324"] {
+        assert!(
+            matches!(
+                AllocatorConfig::parse(&format!("per_process_memory_fraction:{value}")),
+                Err(ConfigError::InvalidValue { .. })
+            ),
+            "{value}"
+        );
+    }
+    assert!(AllocatorConfig::parse("per_process_memory_fraction:1e-300").is_ok());
+}
+
+/// Issue 33: an `AllocatorConfig` built in code or with serde skipped the parser's checks; the
+/// allocator took divisions of 3 (blocks that are not multiples of 512 bytes), a split size of
+/// 1 MiB, a fraction of 2. `CachingAllocator::new` refuses them now, with the parser's error.
+#[test]
+fn a_configuration_built_in_code_or_deserialised_is_checked_like_a_parsed_one() {
+    use burn_caching_alloc::alloc::CachingAllocator;
+    use burn_caching_alloc::device::sim::SimDevice;
+
+    let start = |config: AllocatorConfig| CachingAllocator::new(SimDevice::new(64 * MIB), config);
+    let mut json: serde_json::Value =
+        serde_json::to_value(AllocatorConfig::default()).expect("serialises");
+    json["roundup_power2_divisions"]["buckets"] = serde_json::Value::from(vec![3u64; 16]);
+    let three: AllocatorConfig = serde_json::from_value(json).expect("serde takes it");
+    assert_eq!(three.roundup_power2_divisions.for_size(4 * MIB), 3);
+    let err = start(three.clone())
+        .err()
+        .expect("divisions of 3 are refused");
+    assert!(err.to_string().contains("power of two"), "{err}");
+    assert!(three.validate().is_err());
+
+    let mut small_split = AllocatorConfig::default();
+    small_split.max_split_size = Some(MIB);
+    assert!(start(small_split).is_err());
+    let mut rounding = AllocatorConfig::default();
+    rounding.max_non_split_rounding = 0;
+    assert!(start(rounding).is_err());
+    for fraction in [0.0, 2.0, f64::NAN, 1e-320] {
+        let mut config = AllocatorConfig::default();
+        config.memory_fraction = Some(fraction);
+        assert!(start(config).is_err(), "memory fraction {fraction}");
+    }
+    for threshold in [0.0, 1.0, -0.5] {
+        let mut config = AllocatorConfig::default();
+        config.garbage_collection_threshold = Some(threshold);
+        assert!(start(config).is_err(), "threshold {threshold}");
+    }
+    // What the parser accepts, the allocator accepts.
+    let parsed = AllocatorConfig::parse(
+        "max_split_size_mb:20,roundup_power2_divisions:[1:2,16:8,>:4],\
+         garbage_collection_threshold:0.5,per_process_memory_fraction:1",
+    )
+    .expect("parses");
+    parsed.validate().expect("valid");
+    start(parsed).expect("starts");
+    start(AllocatorConfig::default()).expect("starts");
 }

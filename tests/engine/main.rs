@@ -12,6 +12,7 @@ mod config;
 mod drop;
 mod errors;
 mod expandable;
+mod fuzz;
 mod layout;
 mod memory_report;
 mod miss_path;

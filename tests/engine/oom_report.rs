@@ -256,3 +256,41 @@ fn observers_on_their_own_thread_may_call_the_allocator_and_a_panic_is_reported(
     alloc.free(fits).expect("live");
     alloc.free(live).expect("live");
 }
+
+/// Issue 33: `wait_for_oom_observers` called from an observer on the failing request's thread
+/// (`ObserverThread::Caller`) waited for the very observer that called it: a deadlock,
+/// contrary to its doc. It returns at once there now, with the failures finished so far. The
+/// test runs the request on a thread of its own so that a regression fails instead of hanging.
+#[test]
+fn waiting_for_the_observers_from_an_observer_on_the_callers_thread_returns() {
+    let (alloc, _device) = allocator(64 * MIB, "");
+    let alloc = Arc::new(alloc);
+    let weak = Arc::downgrade(&alloc);
+    let (sender, received) = std::sync::mpsc::channel();
+    alloc.on_out_of_memory(move |_| {
+        let alloc = weak.upgrade().expect("the allocator is alive");
+        sender
+            .send(alloc.wait_for_oom_observers())
+            .expect("the test waits");
+    });
+    let requester = alloc.clone();
+    std::thread::spawn(move || {
+        requester
+            .malloc(100 * MIB, S0)
+            .expect_err("100 MiB in 64 MiB");
+    });
+    let inside = received
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the observer's wait returned (no deadlock)");
+    assert_eq!(inside.failures, 0, "its own failure is still running");
+    // Outside, the wait sees it done.
+    let mut after = alloc.wait_for_oom_observers();
+    for _ in 0..100 {
+        if after.failures == 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        after = alloc.wait_for_oom_observers();
+    }
+    assert_eq!((after.failures, after.ran), (1, 1));
+}

@@ -67,7 +67,7 @@ fn statistics_follow_a_scripted_scenario_step_by_step() {
         22 * MIB,
         "freeing keeps the segment cached"
     );
-    assert_eq!(s.memory_cached(), 22 * MIB - 1024);
+    assert_eq!(s.cached_in_engine(), 22 * MIB - 1024);
     check_invariants(&alloc, &device);
 
     // 4. Reset peaks: every peak drops to its current value.

@@ -148,3 +148,28 @@ fn the_viewer_renders_in_chromium_and_shows_the_stats() {
         alloc.free(a).expect("live");
     }
 }
+
+/// Issue 33: `<!--<script>` in any string of a snapshot (here the title and a layer name) put
+/// the page's data element in HTML's escaped state, which swallowed the viewer's own script
+/// (a blank page). No `<` reaches the data element now, and the data still parses to the
+/// strings given.
+#[test]
+fn markup_in_the_snapshots_strings_cannot_end_or_escape_the_data_element() {
+    let (alloc, device) = allocator(256 * MIB, "");
+    let _live = inspect_workload(&alloc, &device);
+    let hostile = "<!--<script></script><b>";
+    let layers = [ViewerLayer {
+        name: hostile.into(),
+        bytes: 7,
+    }];
+    let page = burn_caching_alloc::alloc::inspect::viewer_html(&alloc.snapshot(), hostile, &layers);
+    let start = page.find("id=\"data\">").expect("the data element") + "id=\"data\">".len();
+    let end = start + page[start..].find("</script>").expect("its end");
+    let data = &page[start..end];
+    assert!(!data.contains('<'), "a `<` in the data element: {data}");
+    let parsed: serde_json::Value = serde_json::from_str(data).expect("the data is JSON");
+    assert_eq!(parsed["title"], hostile);
+    assert_eq!(parsed["layers"][0][0], hostile);
+    // The page's script element follows, untouched.
+    assert!(page[end..].contains("<script>\n"));
+}

@@ -17,7 +17,7 @@ use burn_caching_alloc::backend::{self, CachingWgpu, ConfigureError};
 use crate::support::child::in_child;
 use crate::support::lavapipe::cpu_device;
 
-const CONF: &str = "BURN_CACHING_ALLOC_CONF";
+const CONF: &str = burn_caching_alloc::alloc::CONFIG_ENV;
 
 fn config(text: &str) -> AllocatorConfig {
     AllocatorConfig::parse(text).expect("a valid configuration")

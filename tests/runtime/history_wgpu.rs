@@ -233,7 +233,7 @@ fn the_oom_snapshot_variable_writes_a_snapshot_at_the_first_out_of_memory() {
 
     use crate::support::child::in_child;
 
-    const VAR: &str = "BURN_CACHING_ALLOC_OOM_SNAPSHOT";
+    const VAR: &str = burn_caching_alloc::runtime::OOM_SNAPSHOT_ENV;
     let Some((device, _turn)) = cpu_device() else {
         return;
     };

@@ -526,3 +526,45 @@ fn out_of_memory_reclaims_unconditionally_then_succeeds() {
     assert_eq!(allocator.stats().memory_reserved(), 14 * MIB);
     drop(handle);
 }
+
+/// Issue 33: `StreamMemory::reserve(u64::MAX)` returned Ok with a 512-byte block in a release
+/// build and panicked in a debug one (CubeCL's pool pads the size and wraps). It is the
+/// engine's `TooLarge` now, counted once as an out-of-memory, and the stream keeps serving.
+#[test]
+fn a_size_near_u64_max_is_too_large_not_a_tiny_block() {
+    let (_device, allocator) = engine(64 * MIB);
+    let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props());
+    for size in [u64::MAX, u64::MAX - 255, u64::MAX - 511] {
+        let err = memory
+            .reserve(size)
+            .expect_err("no device holds 2^64 bytes");
+        assert!(
+            matches!(err.engine, Some(AllocError::TooLarge { requested, .. }) if requested == size),
+            "{err}"
+        );
+        // `ReserveError` is a `std::error::Error` whose source is the engine's error.
+        let source = std::error::Error::source(&err).expect("a source");
+        assert_eq!(source.to_string(), err.to_string());
+    }
+    let stats = allocator.stats();
+    assert_eq!(stats.num_ooms, 3);
+    assert_eq!(stats.allocation.all.current, 0);
+    assert_eq!(stats.reserved_bytes.all.current, 0);
+    let handle = memory.reserve(4096).expect("the stream still serves");
+    drop(handle);
+}
+
+/// Issue 33: `held_bytes` counted an empty tensor's block as 0 bytes on `alloc` and 1 byte on
+/// `dealloc` (its block's requested size), which `saturating_sub` hid.
+#[test]
+fn held_bytes_stay_exact_across_empty_tensors() {
+    let (_device, allocator) = engine(64 * MIB);
+    let mut storage = EngineStorage::new(allocator, STREAM, 256);
+    let full = storage.alloc(3000).expect("alloc");
+    let empty = storage.alloc(0).expect("alloc");
+    assert_eq!(storage.held_bytes(), 3000);
+    storage.dealloc(empty.id);
+    assert_eq!(storage.held_bytes(), 3000, "an empty tensor held 0 bytes");
+    storage.dealloc(full.id);
+    assert_eq!(storage.held_bytes(), 0);
+}

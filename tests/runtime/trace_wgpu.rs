@@ -16,7 +16,7 @@ use burn_caching_alloc::backend::{self, CachingWgpu};
 use crate::support::child::in_child;
 use crate::support::lavapipe::cpu_device;
 
-const TRACE: &str = "BURN_CACHING_ALLOC_TRACE";
+const TRACE: &str = burn_caching_alloc::runtime::TRACE_ENV;
 
 #[test]
 fn trace_env_records_and_write_trace_writes_json() {

@@ -128,6 +128,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// An engine over `device`; [`ConfigError::Unsupported`] for a configuration the device
     /// cannot serve (see [`unsupported_by`]).
     pub fn new(device: D, config: AllocatorConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
         unsupported_by(&config, &device)?;
         // Nothing is live yet: the recorder starts from an empty device.
         let history = Recorder::start(config.history, []);

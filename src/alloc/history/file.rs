@@ -1,9 +1,10 @@
 //! Trace files: a [`Trace`] as JSON on disk, gzipped when the file name ends in `.gz`.
 //!
-//! Reading decompresses into memory first, so that a corrupt or truncated gzip stream is
-//! reported as such ([`TraceFileError::Gzip`]) and not as JSON that does not parse, and stops
-//! at [`MAX_TRACE_BYTES`] of JSON ([`TraceFileError::TooLarge`]): a small `.gz` file can
-//! expand to any size. Writing goes to a temporary file beside the target, renamed over it
+//! Reading streams the JSON (decompressed on the fly) into the events, so the host holds
+//! the events and not the file: a corrupt or truncated gzip stream is reported as such
+//! ([`TraceFileError::Gzip`]) and not as JSON that does not parse, and reading stops at
+//! [`MAX_TRACE_BYTES`] of JSON ([`TraceFileError::TooLarge`]) and [`MAX_TRACE_EVENTS`]
+//! events: a small `.gz` file can expand to any size. Writing goes to a temporary file beside the target, renamed over it
 //! once complete, so a failed or interrupted write never leaves a truncated trace under the
 //! target's name.
 
@@ -20,6 +21,10 @@ use super::trace::Trace;
 /// The largest trace read, in bytes of JSON (after decompression): 4 GiB, about 40 million
 /// events.
 pub const MAX_TRACE_BYTES: u64 = 4 << 30;
+
+/// The most events a trace read may hold: 2^26 (about 3 GiB of events in memory), more than
+/// [`MAX_TRACE_BYTES`] of JSON holds at its typical 100 bytes an event.
+pub const MAX_TRACE_EVENTS: u64 = 1 << 26;
 
 /// Why a trace file could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -65,13 +70,69 @@ fn gzipped(path: &Path) -> bool {
     path.extension().is_some_and(|ext| ext == "gz")
 }
 
-/// Reads all of `reader`, at most `limit` bytes: `Ok(None)` when there is more.
-fn read_capped(reader: impl Read, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
-    let mut bytes = Vec::new();
-    reader
-        .take(limit.saturating_add(1))
-        .read_to_end(&mut bytes)?;
-    Ok((bytes.len() as u64 <= limit).then_some(bytes))
+/// A reader that yields at most `limit` bytes of `inner` and then fails, remembering that it
+/// did, when `inner` has more: the JSON parser then stops at once instead of reading on.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+    exceeded: bool,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            let mut probe = [0u8; 1];
+            if self.inner.read(&mut probe)? == 0 {
+                return Ok(0);
+            }
+            self.exceeded = true;
+            return Err(std::io::Error::other("the trace exceeds its byte limit"));
+        }
+        let room = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let read = self.inner.read(&mut buf[..room])?;
+        self.left -= read as u64;
+        Ok(read)
+    }
+}
+
+/// How a streamed read of a trace failed.
+enum ReadFailure {
+    /// More than the limit of JSON.
+    TooLarge,
+    /// The reader failed (a gzip or I/O error).
+    Io(std::io::Error),
+    /// The bytes are not a trace.
+    Json(serde_json::Error),
+}
+
+/// Parses the trace `reader` streams, at most `limit` bytes of JSON.
+fn parse_capped(reader: impl Read, limit: u64) -> Result<Trace, ReadFailure> {
+    let mut capped = Capped {
+        inner: BufReader::new(reader),
+        left: limit,
+        exceeded: false,
+    };
+    let parsed = serde_json::from_reader::<_, Trace>(&mut capped);
+    match parsed {
+        _ if capped.exceeded => Err(ReadFailure::TooLarge),
+        Ok(trace) => Ok(trace),
+        Err(err) if err.is_io() => Err(ReadFailure::Io(err.into())),
+        Err(err) => Err(ReadFailure::Json(err)),
+    }
+}
+
+/// A gzipped trace held in memory ([`Trace::from_json_gz`]), at most `limit` bytes of JSON.
+pub(super) fn from_gz_slice(bytes: &[u8], limit: u64) -> Result<Trace, serde_json::Error> {
+    match parse_capped(GzDecoder::new(bytes), limit) {
+        Ok(trace) => Ok(trace),
+        Err(ReadFailure::TooLarge) => Err(serde_json::Error::io(std::io::Error::other(format!(
+            "the trace holds more than {limit} bytes of JSON"
+        )))),
+        Err(ReadFailure::Io(err)) => Err(serde_json::Error::io(err)),
+        Err(ReadFailure::Json(err)) => Err(err),
+    }
 }
 
 /// The trace in `path` ([`Trace::read_file`]), at most `limit` bytes of JSON.
@@ -81,26 +142,29 @@ pub(super) fn read(path: &Path, limit: u64) -> Result<Trace, TraceFileError> {
         path: path_buf(),
         source,
     })?;
-    let bytes = if gzipped(path) {
-        read_capped(GzDecoder::new(BufReader::new(file)), limit).map_err(|source| {
-            TraceFileError::Gzip {
-                path: path_buf(),
-                source,
-            }
-        })?
+    let gzip = gzipped(path);
+    let parsed = if gzip {
+        parse_capped(GzDecoder::new(BufReader::new(file)), limit)
     } else {
-        read_capped(BufReader::new(file), limit).map_err(|source| TraceFileError::Io {
+        parse_capped(file, limit)
+    };
+    parsed.map_err(|failure| match failure {
+        ReadFailure::TooLarge => TraceFileError::TooLarge {
+            path: path_buf(),
+            limit,
+        },
+        ReadFailure::Io(source) if gzip => TraceFileError::Gzip {
             path: path_buf(),
             source,
-        })?
-    };
-    let bytes = bytes.ok_or_else(|| TraceFileError::TooLarge {
-        path: path_buf(),
-        limit,
-    })?;
-    serde_json::from_slice(&bytes).map_err(|source| TraceFileError::Json {
-        path: path_buf(),
-        source,
+        },
+        ReadFailure::Io(source) => TraceFileError::Io {
+            path: path_buf(),
+            source,
+        },
+        ReadFailure::Json(source) => TraceFileError::Json {
+            path: path_buf(),
+            source,
+        },
     })
 }
 
@@ -114,8 +178,15 @@ pub(super) fn write(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
     // Unique per process and write, so that two writes of one path do not share it.
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let write = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // Not guessable ahead of time (the clock's nanoseconds), and opened only if new.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
     let mut temporary = path.as_os_str().to_owned();
-    temporary.push(format!(".{}-{write}.partial", std::process::id()));
+    temporary.push(format!(
+        ".{}-{write}-{nanos:08x}.partial",
+        std::process::id()
+    ));
     let temporary = PathBuf::from(temporary);
     let written = write_whole(trace, path, &temporary);
     let renamed = written.and_then(|()| std::fs::rename(&temporary, path).map_err(io));
@@ -135,7 +206,14 @@ fn write_whole(trace: &Trace, path: &Path, temporary: &Path) -> Result<(), Trace
         path: path.to_path_buf(),
         source,
     };
-    let file = BufWriter::new(File::create(temporary).map_err(io)?);
+    // `create_new` (O_CREAT | O_EXCL): never opens what is already there, a symlink planted
+    // under the temporary name included.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(temporary)
+        .map_err(io)?;
+    let file = BufWriter::new(file);
     let mut file = if gzipped(path) {
         let mut encoder = GzEncoder::new(file, Compression::best());
         serde_json::to_writer(&mut encoder, trace).map_err(json)?;
@@ -292,6 +370,138 @@ mod tests {
             Err(TraceFileError::Io { .. })
         ));
         assert_eq!(Trace::read_file(&path).expect("untouched"), sample());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Issue 33: the temporary file was a predictable name (`<path>.<pid>-<n>.partial`)
+    /// opened with `File::create`, which follows a symlink planted under it and truncates
+    /// its target. Symlinks planted under every name the old scheme could pick stay
+    /// untouched, and so do their targets.
+    #[cfg(unix)]
+    #[test]
+    fn a_symlink_planted_under_the_temporary_name_is_never_followed() {
+        let path = scratch("planted.json");
+        let victim = scratch("victim.txt");
+        std::fs::write(&victim, b"precious").expect("written");
+        let mut planted = Vec::new();
+        for n in 0..256 {
+            let mut name = path.as_os_str().to_owned();
+            name.push(format!(".{}-{n}.partial", std::process::id()));
+            let name = PathBuf::from(name);
+            let _ = std::fs::remove_file(&name);
+            std::os::unix::fs::symlink(&victim, &name).expect("planted");
+            planted.push(name);
+        }
+        sample().write_file(&path).expect("written");
+        assert_eq!(std::fs::read(&victim).expect("read"), b"precious");
+        assert_eq!(Trace::read_file(&path).expect("parsed"), sample());
+        for name in planted {
+            let _ = std::fs::remove_file(name);
+        }
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&victim);
+    }
+
+    /// Issue 33: serde's internally tagged enum buffered every field of an event before
+    /// reading its tag, unknown ones included; an event read now skips what it does not know
+    /// as it reads it, and still reads every event of the format, and refuses a malformed
+    /// one with a JSON error.
+    #[test]
+    fn events_read_with_unknown_fields_skipped_and_missing_ones_refused() {
+        let text = r#"{"events": [
+            {"extra": [[1, 2], {"a": "b"}], "op": "malloc", "id": 1, "size": 10, "stream": 0,
+             "block_size": 512, "address": 4096},
+            {"op": "oom", "size": 3, "stream": 1},
+            {"op": "empty_cache", "id": 7}
+        ], "dropped": 2, "later": {"x": [1]}}"#;
+        let trace = Trace::from_json(text).expect("parses");
+        assert_eq!(trace.dropped, 2);
+        assert_eq!(
+            trace.events,
+            vec![
+                TraceEvent::Malloc {
+                    id: 1,
+                    size: 10,
+                    stream: 0,
+                    block_size: 512,
+                    address: 4096
+                },
+                TraceEvent::Oom {
+                    size: 3,
+                    stream: 1,
+                    rounded: 0,
+                    device_free: 0
+                },
+                TraceEvent::EmptyCache,
+            ]
+        );
+        for bad in [
+            r#"{"events": [{"op": "malloc", "id": 1}]}"#,
+            r#"{"events": [{"op": "teleport"}]}"#,
+            r#"{"events": [{"id": 1}]}"#,
+            r#"{"events": [{"op": "free_requested", "id": -1}]}"#,
+            r#"{"events": [{"op": "free_requested", "id": 1, "id": 2}]}"#,
+        ] {
+            assert!(Trace::from_json(bad).is_err(), "{bad}");
+        }
+        // Every event the engine writes reads back as itself.
+        let all = Trace {
+            events: vec![
+                TraceEvent::Malloc {
+                    id: 1,
+                    size: 2,
+                    stream: 3,
+                    block_size: 512,
+                    address: 8,
+                },
+                TraceEvent::FreeRequested { id: 1 },
+                TraceEvent::FreeCompleted { id: 1 },
+                TraceEvent::RecordStream { id: 1, stream: 4 },
+                TraceEvent::SegmentAlloc {
+                    address: 8,
+                    size: 9,
+                    stream: 3,
+                },
+                TraceEvent::SegmentFree {
+                    address: 8,
+                    size: 9,
+                },
+                TraceEvent::SegmentMap {
+                    address: 8,
+                    size: 9,
+                    stream: 3,
+                },
+                TraceEvent::SegmentUnmap {
+                    address: 8,
+                    size: 9,
+                    stream: 3,
+                },
+                TraceEvent::EmptyCache,
+                TraceEvent::Oom {
+                    size: 5,
+                    stream: 3,
+                    rounded: 512,
+                    device_free: 7,
+                },
+            ],
+            dropped: 0,
+        };
+        assert_eq!(Trace::from_json(&all.to_json()).expect("parses"), all);
+    }
+
+    /// Issue 33: `Trace::from_json_gz` had no cap at all; it stops at the byte cap now.
+    #[test]
+    fn an_in_memory_gzipped_trace_is_capped_too() {
+        let path = scratch("in-memory.json.gz");
+        sample().write_file(&path).expect("written");
+        let bytes = std::fs::read(&path).expect("read");
+        let json_len = serde_json::to_vec(&sample()).unwrap().len() as u64;
+        assert_eq!(
+            from_gz_slice(&bytes, json_len).expect("at the cap"),
+            sample()
+        );
+        let err = from_gz_slice(&bytes, json_len - 1).expect_err("past the cap");
+        assert!(err.to_string().contains("more than"), "{err}");
         let _ = std::fs::remove_file(&path);
     }
 }

@@ -7,12 +7,17 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+use serde::de::{Error as _, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 
-use super::file::{self, MAX_TRACE_BYTES, TraceFileError};
+use super::file::{self, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceFileError};
 
 /// One entry of the engine's history, like an entry of PyTorch's `device_traces`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Read through a flat record of its fields (see `RawEvent`) rather than serde's internally
+/// tagged enum, which buffers every field of an event, unknown ones included, before it looks
+/// at the tag: a small file could then make the reader allocate many times its size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum TraceEvent {
@@ -111,10 +116,121 @@ impl TraceEvent {
     }
 }
 
+/// The names of [`TraceEvent`]'s variants, as its `op` field spells them.
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Op {
+    Malloc,
+    FreeRequested,
+    FreeCompleted,
+    RecordStream,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    EmptyCache,
+    Oom,
+}
+
+/// Every field a [`TraceEvent`] can have, read in one pass with no buffering: an unknown
+/// field is skipped as it is read, so an event costs this record whatever its JSON holds.
+#[derive(Deserialize)]
+struct RawEvent {
+    op: Op,
+    id: Option<u64>,
+    size: Option<u64>,
+    stream: Option<u64>,
+    block_size: Option<u64>,
+    address: Option<u64>,
+    rounded: Option<u64>,
+    device_free: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for TraceEvent {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = RawEvent::deserialize(deserializer)?;
+        let need = |value: Option<u64>, name: &'static str| {
+            value.ok_or_else(|| D::Error::missing_field(name))
+        };
+        Ok(match raw.op {
+            Op::Malloc => TraceEvent::Malloc {
+                id: need(raw.id, "id")?,
+                size: need(raw.size, "size")?,
+                stream: need(raw.stream, "stream")?,
+                block_size: need(raw.block_size, "block_size")?,
+                address: need(raw.address, "address")?,
+            },
+            Op::FreeRequested => TraceEvent::FreeRequested {
+                id: need(raw.id, "id")?,
+            },
+            Op::FreeCompleted => TraceEvent::FreeCompleted {
+                id: need(raw.id, "id")?,
+            },
+            Op::RecordStream => TraceEvent::RecordStream {
+                id: need(raw.id, "id")?,
+                stream: need(raw.stream, "stream")?,
+            },
+            Op::SegmentAlloc => TraceEvent::SegmentAlloc {
+                address: need(raw.address, "address")?,
+                size: need(raw.size, "size")?,
+                stream: need(raw.stream, "stream")?,
+            },
+            Op::SegmentFree => TraceEvent::SegmentFree {
+                address: need(raw.address, "address")?,
+                size: need(raw.size, "size")?,
+            },
+            Op::SegmentMap => TraceEvent::SegmentMap {
+                address: need(raw.address, "address")?,
+                size: need(raw.size, "size")?,
+                stream: need(raw.stream, "stream")?,
+            },
+            Op::SegmentUnmap => TraceEvent::SegmentUnmap {
+                address: need(raw.address, "address")?,
+                size: need(raw.size, "size")?,
+                stream: need(raw.stream, "stream")?,
+            },
+            Op::EmptyCache => TraceEvent::EmptyCache,
+            Op::Oom => TraceEvent::Oom {
+                size: need(raw.size, "size")?,
+                stream: need(raw.stream, "stream")?,
+                rounded: raw.rounded.unwrap_or(0),
+                device_free: raw.device_free.unwrap_or(0),
+            },
+        })
+    }
+}
+
+/// Reads the events of a trace, at most [`MAX_TRACE_EVENTS`] of them.
+fn capped_events<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<TraceEvent>, D::Error> {
+    struct Events;
+    impl<'de> Visitor<'de> for Events {
+        type Value = Vec<TraceEvent>;
+
+        fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            write!(f, "a list of at most {MAX_TRACE_EVENTS} trace events")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut events = Vec::new();
+            while let Some(event) = seq.next_element()? {
+                if events.len() as u64 >= MAX_TRACE_EVENTS {
+                    return Err(A::Error::custom(format_args!(
+                        "more than {MAX_TRACE_EVENTS} trace events"
+                    )));
+                }
+                events.push(event);
+            }
+            Ok(events)
+        }
+    }
+    deserializer.deserialize_seq(Events)
+}
+
 /// The recorded events. `dropped` counts events the ring overwrote.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trace {
-    /// The events, oldest first.
+    /// The events, oldest first (at most [`MAX_TRACE_EVENTS`] when read).
+    #[serde(deserialize_with = "capped_events")]
     pub events: Vec<TraceEvent>,
     /// How many older events the ring overwrote before these.
     #[serde(default)]
@@ -149,8 +265,9 @@ impl Trace {
         file::write(self, path)
     }
 
-    /// Decodes a gzipped JSON trace held in memory (an embedded trace file).
+    /// Decodes a gzipped JSON trace held in memory (an embedded trace file): at most
+    /// [`MAX_TRACE_BYTES`] of JSON, like [`Trace::read_file`].
     pub fn from_json_gz(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_reader(flate2::read::GzDecoder::new(bytes))
+        file::from_gz_slice(bytes, MAX_TRACE_BYTES)
     }
 }

@@ -48,6 +48,7 @@ pub use layer_usage::CubeclLayerUsage;
 
 use std::sync::Arc;
 
+use cubecl_common::backtrace::BackTrace;
 use cubecl_common::bytes::Bytes;
 use cubecl_common::device::{DeviceId, DeviceService, ServerUtilitiesHandle};
 use cubecl_common::future::DynFut;
@@ -262,11 +263,24 @@ impl<D: Driver> CachingServer<D> {
         offset_start: Option<u64>,
         offset_end: Option<u64>,
     ) -> Result<Resource<D>, IoError> {
-        self.streams
-            .get(&mut self.driver, stream)
-            .memory
-            .manager()
-            .get_resource(memory, offset_start, offset_end)
+        let manager = self.streams.get(&mut self.driver, stream).memory.manager();
+        // CubeCL's `StorageHandle::offset_start`/`offset_end` subtract unchecked: offsets past
+        // the slice would wrap its size and resolve outside the block. Refused here.
+        let slice = manager.get_storage(memory.clone())?.size();
+        let inside = offset_start
+            .unwrap_or(0)
+            .checked_add(offset_end.unwrap_or(0))
+            .is_some_and(|cut| cut <= slice);
+        if !inside {
+            return Err(IoError::Unknown {
+                description: format!(
+                    "caching allocator: handle offsets (start {offset_start:?}, end \
+                     {offset_end:?}) fall outside its {slice}-byte slice"
+                ),
+                backtrace: BackTrace::capture(),
+            });
+        }
+        manager.get_resource(memory, offset_start, offset_end)
     }
 
     fn resolve_binding(&mut self, binding: Binding) -> Result<Resource<D>, IoError> {

@@ -104,15 +104,16 @@ impl<D: Driver> Streams<D> {
     pub(super) fn get_slot(&mut self, driver: &mut D, slot: usize) -> &mut ServerStream<D> {
         let allocator = &self.allocator;
         let properties = &self.memory_properties;
-        // A stream created while the engine records a trace sees every tensor (see
-        // `ReclaimPolicy::EveryReserve`): the policy follows the recording, asked of the
-        // allocator, not of a configuration key.
-        let policy = if allocator.history_options().enabled == RecordMode::All {
-            ReclaimPolicy::EveryReserve
-        } else {
-            ReclaimPolicy::Amortised
-        };
         self.streams.entry(slot).or_insert_with(|| {
+            // A stream created while the engine records a trace sees every tensor (see
+            // `ReclaimPolicy::EveryReserve`): the policy follows the recording, asked of the
+            // allocator (under its lock) only when the stream is created, never on a lookup,
+            // which every operation makes.
+            let policy = if allocator.history_options().enabled == RecordMode::All {
+                ReclaimPolicy::EveryReserve
+            } else {
+                ReclaimPolicy::Amortised
+            };
             let engine_stream = DeviceStream(slot as u64);
             ServerStream {
                 memory: StreamMemory::new(allocator.clone(), engine_stream, properties)

@@ -984,3 +984,77 @@ fn expandable_segments_without_virtual_memory_are_refused_by_the_engine_and_the_
     next_opened(SimDevice::new(1 << 30).without_virtual_memory());
     assert!(CachingServer::<Recording>::open(device).is_ok());
 }
+
+/// Issue 33: CubeCL's `StorageHandle::offset_start`/`offset_end` subtract unchecked, so a
+/// handle offset past its slice used to resolve outside the block (in a release build, 1 MiB
+/// past a 1 KiB block with a size near 2^64; in a debug build, a panic inside CubeCL). The
+/// server refuses it with an error; offsets inside the slice still resolve.
+#[test]
+fn handle_offsets_past_the_slice_are_an_error_not_a_resource_outside_the_block() {
+    let mut h = harness(MetadataLayout::DriverBinding, 8);
+    let on = stream(1);
+    let small = h.buffer(1024, on);
+    for (start, end) in [
+        (Some(1u64 << 20), None),
+        (None, Some(1025)),
+        (Some(512), Some(513)),
+    ] {
+        let mut handle = small.clone();
+        if let Some(start) = start {
+            handle = handle.offset_start(start);
+        }
+        if let Some(end) = end {
+            handle = handle.offset_end(end);
+        }
+        let err = h
+            .server
+            .get_resource(handle.binding(), on)
+            .expect_err("offsets past the slice are refused");
+        match err {
+            ServerError::Io(cubecl_runtime::server::IoError::Unknown { description, .. }) => {
+                assert!(
+                    description.contains("outside its 1024-byte slice"),
+                    "{description}"
+                )
+            }
+            other => panic!("expected the offsets' error, got {other}"),
+        }
+    }
+    let inside = h
+        .server
+        .get_resource(
+            small.clone().offset_start(512).offset_end(256).binding(),
+            on,
+        )
+        .expect("offsets inside the slice resolve");
+    assert_eq!(inside.resource().size, 256);
+    let whole = h.location(&small);
+    assert_eq!(inside.resource().offset, whole.1 + 512);
+}
+
+/// Issue 33: `Streams::get_slot` asked the engine for its history options (taking the
+/// engine's lock) on every stream lookup, which every operation makes. A lookup of an
+/// existing stream now proceeds while another thread holds the engine's lock; only creating
+/// a stream asks (its reclaim policy follows the recording).
+#[test]
+fn looking_up_an_existing_stream_takes_no_engine_lock() {
+    let mut h = harness(MetadataLayout::DriverBinding, 8);
+    let buffer = h.buffer(4096, stream(1));
+    let allocator = h.server.allocator().clone();
+    let held = allocator.hold_engine_lock();
+    let (sender, received) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let server = &mut h.server;
+        let cursor = server.streams.get(&mut server.driver, stream(1)).cursor;
+        sender.send(cursor).expect("the test waits");
+        h
+    });
+    let looked_up = received.recv_timeout(std::time::Duration::from_secs(20));
+    drop(held);
+    let h = worker
+        .join()
+        .expect("the lookup returns once the lock is free");
+    assert!(looked_up.is_ok(), "the lookup waited for the engine's lock");
+    drop(buffer);
+    drop(h);
+}

@@ -5,6 +5,7 @@
 //! - [`train`] (feature `wgpu`): the MLP trained on the shipped data with the caching and the
 //!   stock wgpu backends (lavapipe on a CPU), which must learn and agree.
 
+mod fuzz;
 mod idx;
 #[cfg(feature = "wgpu")]
 mod support;

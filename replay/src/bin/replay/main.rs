@@ -27,6 +27,7 @@ mod svg;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use burn_caching_alloc::alloc::CONFIG_ENV;
 use clap::{Parser, ValueEnum};
 use replay::report::{config_label, json_rows, markdown_table};
 use replay::runner::timer_overhead_ns;
@@ -87,8 +88,6 @@ struct Args {
 
 /// The configurations every trace runs with by default: the default rules, and expandable
 /// segments (skipped with a note while the engine does not accept the key).
-/// The environment variable the library reads its configuration from.
-const CONFIG_ENV: &str = "BURN_CACHING_ALLOC_CONF";
 
 fn default_configs() -> Vec<String> {
     vec![String::new(), "expandable_segments:true".to_string()]
@@ -108,7 +107,16 @@ fn accepted_configs(base: &MeasureOptions, configs: &[String]) -> Vec<MeasureOpt
         .collect()
 }
 
+/// The most timed runs `--runs` accepts (each replays every trace once per allocator).
+const MAX_RUNS: usize = 10_000;
+
 fn run(args: Args) -> Result<(), String> {
+    if !(1..=MAX_RUNS).contains(&args.runs) {
+        return Err(format!(
+            "--runs {} is out of range: between 1 and {MAX_RUNS}",
+            args.runs
+        ));
+    }
     let kinds = args
         .allocators
         .iter()

@@ -177,7 +177,12 @@ fn data(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> Value {
         [
             "cached",
             "Cached in the engine (reserved - allocated)",
-            stats.reserved_bytes.all.current - stats.allocated_bytes.all.current
+            // A snapshot read from a file may say anything: no subtraction may underflow.
+            stats
+                .reserved_bytes
+                .all
+                .current
+                .saturating_sub(stats.allocated_bytes.all.current)
         ],
         ["largest_free", "Largest free block", largest_free],
         [
@@ -237,10 +242,12 @@ fn data(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> Value {
 
 /// The page: the data as JSON in a script element, then the viewer's script and style.
 pub(super) fn render(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> String {
-    // `</` cannot close the data element early when written `<\/`.
+    // Inside a script element, `</script` closes it and `<!--` opens an escaped state that
+    // swallows the page's own script: no `<` may appear in the data. In JSON, `<` can only be
+    // inside a string, where `\u003c` is the same character.
     let data = data(snapshot, title, layers)
         .to_string()
-        .replace("</", "<\\/");
+        .replace('<', "\\u003c");
     let title = title
         .replace('&', "&amp;")
         .replace('<', "&lt;")

@@ -1,0 +1,154 @@
+//! A soak of the real backend (issue 33): several threads on one device, each its own CubeCL
+//! stream, creating tensors of varied sizes, computing on them, reading them back and dropping
+//! them out of order, for several rounds, on `CachingWgpu` (fused) and `CachingWgpuUnfused`.
+//! Every value read back is exact, nothing is allocated after a round beyond what the first
+//! round left (the streams' launch metadata), and reserved memory is flat after the first
+//! round. The same threads (so the same streams) run every round: with new threads per round
+//! CubeCL gives new stream ids, whose blocks are cached per stream (issue 38 follows that).
+//! The numbers of each round are printed (`--nocapture`).
+
+use std::sync::{Arc, Barrier};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use burn_caching_alloc::backend::{self, CachingWgpu, CachingWgpuUnfused};
+
+use crate::support::lavapipe::cpu_device;
+
+const THREADS: usize = 4;
+const ROUNDS: usize = 5;
+/// Elements of the tensors a thread makes each round: from one element to 1 MiB of f32, sizes
+/// that fall in the small pool, the large pool and between.
+const SIZES: [usize; 9] = [1, 7, 130, 1000, 4096, 33_000, 100_000, 262_144, 300_001];
+
+/// The value at index `i` of a tensor of thread `thread`: small integers, exact in f32.
+fn value(thread: usize, i: usize) -> f32 {
+    ((i * 7 + thread * 13) % 1000) as f32
+}
+
+/// One thread's round: every size made, computed on (`x * 2 + 1` and `(x * 2 + 1) - x`), read
+/// back and checked; the tensors are dropped in an order that interleaves sizes.
+fn round<B: Backend>(device: &B::Device, thread: usize, round: usize) {
+    let mut kept: Vec<(usize, Tensor<B, 1>, Tensor<B, 1>)> = Vec::new();
+    for (k, &elements) in SIZES.iter().enumerate() {
+        let elements = elements + thread + round % 2;
+        let data: Vec<f32> = (0..elements).map(|i| value(thread, i)).collect();
+        let x = Tensor::<B, 1>::from_data(TensorData::new(data, [elements]), device);
+        let y = x.clone().mul_scalar(2.0).add_scalar(1.0);
+        let z = y.clone().sub(x.clone());
+        let ys = y.clone().into_data().to_vec::<f32>().expect("f32");
+        let zs = z.into_data().to_vec::<f32>().expect("f32");
+        for i in (0..elements)
+            .step_by(1 + elements / 97)
+            .chain([elements - 1])
+        {
+            let v = value(thread, i);
+            assert_eq!(
+                ys[i],
+                v * 2.0 + 1.0,
+                "thread {thread} size {elements} at {i}"
+            );
+            assert_eq!(zs[i], v + 1.0, "thread {thread} size {elements} at {i}");
+        }
+        kept.push((k, x, y));
+        // Out of order: every third step drops the oldest tensor kept, the rest wait.
+        if k % 3 == 2 {
+            kept.remove(0);
+        }
+    }
+    // The rest go in reverse, odd positions first.
+    let (odd, even): (Vec<_>, Vec<_>) = kept.into_iter().partition(|(k, _, _)| k % 2 == 1);
+    drop(odd.into_iter().rev().collect::<Vec<_>>());
+    drop(even);
+}
+
+/// Allocated and reserved bytes after each round.
+fn soak<B: Backend<Device = burn::backend::wgpu::WgpuDevice>>(
+    device: &burn::backend::wgpu::WgpuDevice,
+    name: &str,
+) -> Vec<(u64, u64)> {
+    backend::empty_cache(device);
+    let before = backend::memory_stats(device);
+    let start = Arc::new(Barrier::new(THREADS + 1));
+    let done = Arc::new(Barrier::new(THREADS + 1));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|thread| {
+            let (device, start, done) = (device.clone(), start.clone(), done.clone());
+            std::thread::spawn(move || {
+                for r in 0..ROUNDS {
+                    start.wait();
+                    round::<B>(&device, thread, r);
+                    B::sync(&device).expect("the device syncs");
+                    done.wait();
+                }
+            })
+        })
+        .collect();
+    let mut rounds = Vec::new();
+    for r in 0..ROUNDS {
+        start.wait();
+        done.wait();
+        let stats = backend::memory_stats(device);
+        println!(
+            "{name}, round {}: {THREADS} threads, allocated {} bytes, reserved {} bytes, \
+             CubeCL tensors {} bytes",
+            r + 1,
+            stats.memory_allocated(),
+            stats.memory_reserved(),
+            stats.tensor_bytes()
+        );
+        rounds.push((stats.memory_allocated(), stats.memory_reserved()));
+    }
+    for worker in workers {
+        worker.join().expect("a soak thread failed");
+    }
+    let after = backend::memory_stats(device);
+    assert_eq!(
+        after.engine.num_ooms, before.engine.num_ooms,
+        "{name}: no OOM"
+    );
+    backend::empty_cache(device);
+    rounds
+}
+
+fn check(name: &str, rounds: &[(u64, u64)]) {
+    let (first_allocated, first_reserved) = rounds[0];
+    for (r, &(allocated, reserved)) in rounds.iter().enumerate() {
+        assert_eq!(
+            allocated,
+            first_allocated,
+            "{name}: round {} left {allocated} bytes allocated, the first {first_allocated}",
+            r + 1
+        );
+        assert_eq!(
+            reserved,
+            first_reserved,
+            "{name}: reserved memory grew in round {}: {rounds:?}",
+            r + 1
+        );
+    }
+    // What stays allocated is the streams' launch metadata, not the tensors: far less than
+    // one round's tensors (about 3.5 MiB a thread).
+    assert!(
+        first_allocated < 1 << 20,
+        "{name}: {first_allocated} bytes allocated after a round"
+    );
+}
+
+#[test]
+fn threads_on_their_own_streams_soak_the_unfused_backend() {
+    let Some((device, _turn)) = cpu_device() else {
+        return;
+    };
+    let rounds = soak::<CachingWgpuUnfused>(&device, "unfused");
+    check("unfused", &rounds);
+}
+
+#[test]
+fn threads_on_their_own_streams_soak_the_fused_backend() {
+    let Some((device, _turn)) = cpu_device() else {
+        return;
+    };
+    let rounds = soak::<CachingWgpu>(&device, "fused");
+    check("fused", &rounds);
+}
