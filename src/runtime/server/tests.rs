@@ -288,6 +288,15 @@ pub(super) fn harness_of(layout: MetadataLayout, max_streams: usize, capacity: u
 }
 
 fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> Harness {
+    harness_configured(device, layout, max_streams, AllocatorConfig::default())
+}
+
+fn harness_configured(
+    device: SimDevice,
+    layout: MetadataLayout,
+    max_streams: usize,
+    config: AllocatorConfig,
+) -> Harness {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     let memory = Metered::new(device);
     let meter = memory.meter();
@@ -302,8 +311,8 @@ fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> 
         type_id: 0xCA11,
         index_id: NEXT.fetch_add(1, Ordering::Relaxed),
     };
-    let server = CachingServer::new(driver, device, AllocatorConfig::default())
-        .expect("every device serves the default configuration")
+    let server = CachingServer::new(driver, device, config)
+        .expect("every device serves the configuration")
         .with_max_streams(max_streams);
     Harness {
         server,
@@ -923,4 +932,63 @@ fn expandable_segments_without_virtual_memory_are_refused_by_the_engine_and_the_
     let device = opened_device();
     next_opened(SimDevice::new(1 << 30).without_virtual_memory());
     assert!(CachingServer::<Recording>::open(device).is_ok());
+}
+
+#[test]
+fn rounds_of_new_threads_reuse_the_memory_of_the_threads_that_are_gone() {
+    // A data loader's workers, epoch after epoch: every round's threads are new CubeCL
+    // streams. The slots of the previous round hand their free slices back when a new slot
+    // appears, and the engine gives their whole free segments to the new streams once each
+    // old stream's fence has completed (here the test completes them, as a GPU would have by
+    // the time a new thread starts).
+    let device = SimDevice::new(1 << 30);
+    let mut h = harness_on(device.clone(), MetadataLayout::DriverBinding, 128);
+    let sizes: Vec<u64> = (0..30u64).map(|i| 1024 + i * 41 * 1024).collect();
+    let mut reserved = Vec::new();
+    let mut next_thread = 0;
+    for _round in 0..4 {
+        let threads: Vec<u64> = (next_thread..next_thread + 6).collect();
+        next_thread += 6;
+        // The round's first operation makes its slot: the idle slots give their slices back
+        // and record their fences, which complete before the round allocates.
+        h.server.flush(stream(threads[0])).expect("flush");
+        device.complete_all_events();
+        for &thread in &threads {
+            let handles: Vec<Handle> = sizes.iter().map(|&s| h.buffer(s, stream(thread))).collect();
+            drop(handles);
+        }
+        reserved.push(h.server.allocator().memory_reserved());
+    }
+    assert!(
+        reserved.iter().all(|&r| r == reserved[0]),
+        "reserved after each round: {reserved:?}"
+    );
+    assert!(h.server.allocator().stats().num_stream_shares > 0);
+    let idle: u64 = h
+        .server
+        .streams
+        .all()
+        .map(|s| s.memory.counters().idle_reclaims)
+        .sum();
+    assert_eq!(idle, 18, "each old slot handed back once");
+}
+
+#[test]
+fn without_cross_stream_reuse_each_round_of_threads_reserves_anew() {
+    // The same rounds under PyTorch's per-stream rule: the new streams cannot use what the
+    // old ones cached, so reserved memory grows with every round.
+    let device = SimDevice::new(1 << 30);
+    let config = AllocatorConfig::parse("cross_stream_reuse:false").expect("a valid key");
+    let mut h = harness_configured(device.clone(), MetadataLayout::DriverBinding, 128, config);
+    let sizes: Vec<u64> = (0..30u64).map(|i| 1024 + i * 41 * 1024).collect();
+    let mut reserved = Vec::new();
+    for round in 0..3u64 {
+        for thread in round * 6..round * 6 + 6 {
+            let handles: Vec<Handle> = sizes.iter().map(|&s| h.buffer(s, stream(thread))).collect();
+            drop(handles);
+        }
+        device.complete_all_events();
+        reserved.push(h.server.allocator().memory_reserved());
+    }
+    assert!(reserved[2] > reserved[1] && reserved[1] > reserved[0], "{reserved:?}");
 }
