@@ -17,8 +17,7 @@ fn segment_streams(alloc: &CachingAllocator<SimDevice>) -> Vec<u64> {
 }
 
 #[test]
-fn a_segment_freed_on_a_stream_whose_event_is_pending_is_not_given_to_another_until_it_completes()
-{
+fn a_segment_freed_on_a_stream_whose_event_is_pending_is_not_given_to_another_until_it_completes() {
     let (alloc, device) = allocator(64 * MIB, SHARING);
     let a = alloc.malloc(MIB, S0).unwrap();
     let a_address = a.address();
@@ -53,7 +52,11 @@ fn a_segment_freed_on_a_stream_whose_event_is_pending_is_not_given_to_another_un
     // stream 0's whole free segment serves it; stream 2's, behind a pending fence, does not.
     device.complete_events(S0);
     let d = alloc.malloc(MIB, S1).unwrap();
-    assert_eq!(alloc.stats().num_stream_shares, 0, "stream 1's own cache first");
+    assert_eq!(
+        alloc.stats().num_stream_shares,
+        0,
+        "stream 1's own cache first"
+    );
     let e = alloc.malloc(MIB, S1).unwrap();
     assert_eq!(e.address(), a_address);
     assert_eq!(e.stream(), S1);
@@ -65,7 +68,10 @@ fn a_segment_freed_on_a_stream_whose_event_is_pending_is_not_given_to_another_un
     assert_eq!(stats.reserved_bytes.small_pool.current, 6 * MIB);
     assert_eq!(stats.allocated_bytes.all.current, 3 * MIB);
     assert_eq!(stats.active.all.current, 3);
-    assert_eq!(stats.inactive_split.all.current, 1, "stream 0's old segment, split");
+    assert_eq!(
+        stats.inactive_split.all.current, 1,
+        "stream 0's old segment, split"
+    );
     check_invariants(&alloc, &device);
     for x in [b, d, e] {
         alloc.free(x).unwrap();
@@ -79,7 +85,10 @@ fn an_idle_streams_cache_serves_a_new_streams_requests_of_the_same_sizes_with_no
     // Stream 1 holds a tensor throughout (another thread's model, say).
     let held = alloc.malloc(512, S1).unwrap();
     let sizes = [4096, 700 * KIB, 3 * MIB, 12 * MIB];
-    let first: Vec<_> = sizes.iter().map(|&s| alloc.malloc(s, S0).unwrap()).collect();
+    let first: Vec<_> = sizes
+        .iter()
+        .map(|&s| alloc.malloc(s, S0).unwrap())
+        .collect();
     let reserved = alloc.stats().reserved_bytes.all.current;
     let segments = alloc.stats().segment.all.current;
     let addresses: Vec<u64> = first.iter().map(|a| a.address()).collect();
@@ -92,7 +101,10 @@ fn an_idle_streams_cache_serves_a_new_streams_requests_of_the_same_sizes_with_no
 
     // A new stream (a new worker thread) asks for the same sizes.
     let allocs_before = device.counters().allocs;
-    let again: Vec<_> = sizes.iter().map(|&s| alloc.malloc(s, S2).unwrap()).collect();
+    let again: Vec<_> = sizes
+        .iter()
+        .map(|&s| alloc.malloc(s, S2).unwrap())
+        .collect();
     assert_eq!(device.counters().allocs, allocs_before, "no new segment");
     let stats = alloc.stats();
     assert_eq!(stats.reserved_bytes.all.current, reserved);
@@ -107,7 +119,10 @@ fn an_idle_streams_cache_serves_a_new_streams_requests_of_the_same_sizes_with_no
     expected.sort_unstable();
     assert_eq!(reused, expected, "the same blocks, now stream 2's");
     assert!(again.iter().all(|a| a.stream() == S2));
-    assert_eq!(stats.allocated_bytes.all.current, 512 + 4096 + 700 * KIB + 3 * MIB + 12 * MIB);
+    assert_eq!(
+        stats.allocated_bytes.all.current,
+        512 + 4096 + 700 * KIB + 3 * MIB + 12 * MIB
+    );
     check_invariants(&alloc, &device);
     for a in again {
         alloc.free(a).unwrap();
@@ -155,7 +170,11 @@ fn idle_streams_are_taken_before_busy_ones_and_a_busy_stream_after_its_fence() {
     device.complete_all_events();
 
     let first = alloc.malloc(12 * MIB, S2).unwrap();
-    assert_eq!(first.address(), idle_address, "the idle stream's segment first");
+    assert_eq!(
+        first.address(),
+        idle_address,
+        "the idle stream's segment first"
+    );
     // The busy stream's segment is newer than any of its fences: one is recorded and asked.
     let allocs = device.counters().allocs;
     let second = alloc.malloc(12 * MIB, S2).unwrap();

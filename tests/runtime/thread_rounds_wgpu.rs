@@ -63,7 +63,10 @@ fn reserved_per_round<B: Backend<Device = burn::backend::wgpu::WgpuDevice>>(
 fn assert_flat(name: &str, reserved: &[u64]) {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let rounds: Vec<String> = reserved.iter().map(|&b| format!("{:.1}", mib(b))).collect();
-    println!("{name}: reserved after each round (MiB): {}", rounds.join(", "));
+    println!(
+        "{name}: reserved after each round (MiB): {}",
+        rounds.join(", ")
+    );
     let first = reserved[0] as f64;
     for (round, &bytes) in reserved.iter().enumerate().skip(1) {
         assert!(

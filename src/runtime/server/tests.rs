@@ -990,5 +990,8 @@ fn without_cross_stream_reuse_each_round_of_threads_reserves_anew() {
         device.complete_all_events();
         reserved.push(h.server.allocator().memory_reserved());
     }
-    assert!(reserved[2] > reserved[1] && reserved[1] > reserved[0], "{reserved:?}");
+    assert!(
+        reserved[2] > reserved[1] && reserved[1] > reserved[0],
+        "{reserved:?}"
+    );
 }
