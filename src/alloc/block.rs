@@ -108,6 +108,9 @@ pub(crate) struct Block {
     pub gc_base: u64,
     /// Whether pages back the block. Always mapped outside expandable segments.
     pub backing: Backing,
+    /// Its stream's free count when the block last became free: other streams may take it
+    /// once an event recorded after that free has completed (see the engine's `sharing`).
+    pub freed_at: u64,
 }
 
 impl Block {
@@ -126,6 +129,7 @@ impl Block {
             allocation_id: 0,
             gc_base: 0,
             backing,
+            freed_at: 0,
         }
     }
 
@@ -274,6 +278,12 @@ impl<H> Blocks<H> {
 
     pub fn pool(&self, block: BlockId) -> PoolKind {
         self.segment_of(block).pool
+    }
+
+    /// Hands the segment `block` lies in to `stream`.
+    pub fn set_stream(&mut self, block: BlockId, stream: DeviceStream) {
+        let segment = self[block].segment;
+        self.segments[segment.0].stream = stream;
     }
 
     /// Hands the segment `block` lies in to `pool`.

@@ -206,6 +206,13 @@ pub struct AllocatorConfig {
     /// read back as it.
     #[serde(default)]
     pub pool_borrowing: bool,
+    /// Whether a miss that would allocate device memory first takes a wholly free segment
+    /// another stream cached, once an event recorded on that stream after the segment's last
+    /// free has completed (the default; idle streams first), or never, as in PyTorch, whose
+    /// blocks serve only the stream that allocated them (`cross_stream_reuse:false`). Files
+    /// written before the key existed used PyTorch's rule and read back as it.
+    #[serde(default)]
+    pub cross_stream_reuse: bool,
 }
 
 /// The rule of configurations serialised before `segment_sizing` existed.
@@ -225,6 +232,7 @@ impl Default for AllocatorConfig {
             expandable_segments: false,
             segment_sizing: SegmentSizing::Grow,
             pool_borrowing: true,
+            cross_stream_reuse: true,
         }
     }
 }
@@ -347,7 +355,7 @@ macro_rules! key {
 }
 
 /// Every key the configuration string accepts, one row each (a new key is a new row).
-const KEYS: [Key; 10] = [
+const KEYS: [Key; 11] = [
     key!("expandable_segments", |config, key, value| {
         config.expandable_segments = parse_true_false(key, value)?
     }),
@@ -360,6 +368,9 @@ const KEYS: [Key; 10] = [
     }),
     key!("pool_borrowing", |config, key, value| {
         config.pool_borrowing = parse_true_false(key, value)?
+    }),
+    key!("cross_stream_reuse", |config, key, value| {
+        config.cross_stream_reuse = parse_true_false(key, value)?
     }),
     key!("max_split_size_mb", |config, key, value| {
         config.max_split_size = Some(parse_megabytes(key, value)?)

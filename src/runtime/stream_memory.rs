@@ -166,6 +166,9 @@ pub struct ReclaimCounters {
     /// Unconditional reclaims run because a reservation (of this stream or another) found
     /// nothing short of the engine's cache flush.
     pub oom_reclaims: u64,
+    /// Reclaims run because the stream's slot was idle (its thread gone, or no operation for
+    /// a while), so that the engine shares its free slices with other streams.
+    pub idle_reclaims: u64,
     /// Slice-visits spent by all reclaims (the work the budget bounds).
     pub reclaim_work: u64,
 }
@@ -492,6 +495,14 @@ impl<D: DeviceMemory> StreamMemory<D> {
     /// cache flush (counted in [`ReclaimCounters::oom_reclaims`]).
     pub fn reclaim_for_oom(&mut self) {
         self.counters.oom_reclaims += 1;
+        self.reclaim();
+    }
+
+    /// An unconditional reclaim because the stream's slot is idle (counted in
+    /// [`ReclaimCounters::idle_reclaims`]): its free slices become engine blocks, which other
+    /// streams may take once the slot's work is done.
+    pub fn reclaim_idle(&mut self) {
+        self.counters.idle_reclaims += 1;
         self.reclaim();
     }
 

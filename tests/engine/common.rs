@@ -15,7 +15,8 @@ pub const S0: DeviceStream = DeviceStream(0);
 pub const S1: DeviceStream = DeviceStream(1);
 
 /// An allocator over a simulated device of `capacity` bytes, configured by `config` under
-/// PyTorch's rules (`segment_sizing:pytorch`, `pool_borrowing:false`) for each of the two keys
+/// PyTorch's rules (`segment_sizing:pytorch`, `pool_borrowing:false`,
+/// `cross_stream_reuse:false`) for each of the three keys
 /// `config` does not name: the engine tests check PyTorch's layouts by number; `rounding.rs`,
 /// `borrowing.rs` and the property tests check the defaults that differ.
 pub fn allocator(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, SimDevice) {
@@ -24,6 +25,7 @@ pub fn allocator(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, S
     for (key, pytorch) in [
         ("segment_sizing", "segment_sizing:pytorch"),
         ("pool_borrowing", "pool_borrowing:false"),
+        ("cross_stream_reuse", "cross_stream_reuse:false"),
     ] {
         if !config.contains(key) {
             items.push(pytorch);

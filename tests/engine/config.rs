@@ -181,6 +181,30 @@ fn pool_borrowing_is_on_by_default_and_old_files_read_as_pytorch() {
 }
 
 #[test]
+fn cross_stream_reuse_is_on_by_default_and_old_files_read_as_pytorch() {
+    assert!(AllocatorConfig::default().cross_stream_reuse);
+    assert!(
+        !AllocatorConfig::parse("cross_stream_reuse:false")
+            .unwrap()
+            .cross_stream_reuse
+    );
+    assert_eq!(
+        AllocatorConfig::parse("cross_stream_reuse:yes").unwrap_err(),
+        ConfigError::InvalidValue {
+            key: "cross_stream_reuse".into(),
+            value: "yes".into(),
+            expected: "True or False".into(),
+        }
+    );
+    // A configuration serialised before the key existed kept PyTorch's per-stream rule.
+    let mut json = serde_json::to_value(AllocatorConfig::default()).unwrap();
+    assert_eq!(json["cross_stream_reuse"], true);
+    json.as_object_mut().unwrap().remove("cross_stream_reuse");
+    let old: AllocatorConfig = serde_json::from_value(json).unwrap();
+    assert!(!old.cross_stream_reuse);
+}
+
+#[test]
 fn errors_name_the_key_and_the_accepted_range() {
     let err = AllocatorConfig::parse("garbage_collection_threshold:1.5").unwrap_err();
     assert_eq!(

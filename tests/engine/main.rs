@@ -9,6 +9,7 @@ mod common;
 mod bad_input;
 mod borrowing;
 mod config;
+mod cross_stream;
 mod drop;
 mod errors;
 mod expandable;

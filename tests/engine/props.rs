@@ -741,7 +741,14 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
     if let Some(max) = max_segment {
         device = device.with_max_segment_size(max);
     }
-    let config = AllocatorConfig::parse(config_text).expect("test config parses");
+    // The model keeps PyTorch's per-stream caches: `cross_stream_reuse` (the engine's
+    // `sharing`, whose fences the model does not follow) is off here and checked by
+    // `cross_stream.rs`.
+    let config_text = match config_text {
+        "" => "cross_stream_reuse:false".to_string(),
+        text => format!("{text},cross_stream_reuse:false"),
+    };
+    let config = AllocatorConfig::parse(&config_text).expect("test config parses");
     let alloc = CachingAllocator::new(device.clone(), config.clone()).unwrap();
     let mut model = Model::new(&config, max_segment);
 

@@ -138,9 +138,11 @@ fn to_map_uses_pytorch_keys() {
             }
         }
     }
-    // PyTorch's counters and `max_split_size`, and one of ours: `num_pool_borrows`.
+    // PyTorch's counters and `max_split_size`, and two of ours: `num_pool_borrows` and
+    // `num_stream_shares`.
     assert_eq!(map["num_pool_borrows"], 0);
-    assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 7);
+    assert_eq!(map["num_stream_shares"], 0);
+    assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 8);
     alloc.free(a).unwrap();
 }
 

@@ -5,7 +5,8 @@
 //!   the simulated device (no GPU, no feature);
 //! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`,
 //!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`,
-//!   `memory_report_wgpu`, `oom_observers_wgpu`, `soak_wgpu`, `trace_wgpu` (feature `wgpu`): Burn on
+//!   `memory_report_wgpu`, `oom_observers_wgpu`, `soak_wgpu`, `thread_rounds_wgpu`,
+//!   `trace_wgpu` (feature `wgpu`): Burn on
 //!   `CachingWgpu` (fused) and `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe
 //!   in CI);
 //!   `memory_metric_wgpu` (features `wgpu` and `train`): the burn-train metrics;
@@ -75,6 +76,7 @@ mod multi_device_wgpu;
 mod oom_observers_wgpu;
 #[cfg(feature = "wgpu")]
 mod soak_wgpu;
+mod thread_rounds_wgpu;
 #[cfg(feature = "wgpu")]
 mod trace_wgpu;
 

@@ -4,7 +4,7 @@
 //! split, merge) in `placement`, borrowing the other pool's free memory in `borrowing`,
 //! expandable segments (pages mapped into a reserved range) in
 //! `expandable`, the release steps of the miss path and `empty_cache` in `release`,
-//! cross-stream frees in `events`, the snapshot in `snapshot`, and the consistency check of
+//! cross-stream frees in `events`, other streams' cached segments in `sharing`, the snapshot in `snapshot`, and the consistency check of
 //! blocks, pools and statistics in `self_check`. The public, thread-safe face is
 //! `CachingAllocator` in `allocator.rs`.
 //!
@@ -12,7 +12,9 @@
 //! 1. complete pending frees whose stream events have finished;
 //! 2. round the size, pick the pool, take the best-fitting cached block of the same stream;
 //! 3. on a miss, unless the request may only use the cache: borrow the other pool's free
-//!    memory (`pool_borrowing`, ours, on by default: see `borrowing`); else collect
+//!    memory (`pool_borrowing`, ours, on by default: see `borrowing`); else take a wholly
+//!    free segment another stream cached once its work is done (`cross_stream_reuse`, ours,
+//!    on by default: see `sharing`); else collect
 //!    garbage if a threshold and a memory fraction below 1 are set (whole free large segments
 //!    at least the mean age, by large-pool searches since cached);
 //! 4. allocate a new segment from the device (refused up front if it would break the
@@ -31,6 +33,7 @@ mod expandable;
 mod placement;
 mod release;
 mod self_check;
+mod sharing;
 mod snapshot;
 
 use crate::alloc::block::{BlockId, BlockState, Blocks};
@@ -44,6 +47,7 @@ use crate::alloc::size::{
 use crate::alloc::stack::Stack;
 use crate::alloc::units::MIB;
 use events::PendingFree;
+use sharing::StreamTable;
 
 /// The largest large-pool block size kept in size classes (8 KiB of bitmap per stream, and
 /// 1.5 KiB of vectors for each group of 64 sizes a stream lists); larger free blocks live in
@@ -78,6 +82,8 @@ pub(crate) struct Engine<D: DeviceMemory> {
     /// The device's largest segment, asked once (a property of the device, and the miss path
     /// needs it for every request).
     max_segment: Option<u64>,
+    /// Per stream, what sharing its cache with other streams needs (see `sharing`).
+    streams: StreamTable<D::Event>,
 }
 
 /// A live block as the allocator hands it out.
@@ -159,6 +165,7 @@ impl<D: DeviceMemory> Engine<D> {
             rescued_by_flush: 0,
             next_allocation_id: 1,
             device_total: None,
+            streams: StreamTable::default(),
         };
         // A configured fraction that cannot be enforced is not kept in force silently: without
         // the device's total it is dropped (and `config()` shows it gone); one that allows no
@@ -413,6 +420,9 @@ impl<D: DeviceMemory> Engine<D> {
         flush: bool,
     ) -> Result<Option<BlockId>, AllocError> {
         if let Some(block) = self.borrow_from_other_pool(pool, stream, rounded) {
+            return Ok(Some(block));
+        }
+        if let Some(block) = self.take_from_other_stream(pool, stream, rounded)? {
             return Ok(Some(block));
         }
         if self.gc_enabled() {

@@ -48,16 +48,19 @@ impl<D: DeviceMemory> Engine<D> {
         if self.in_expandable_segment(block) {
             return Some(block);
         }
+        self.oversize_rules_allow(rounded, block_size)
+            .then_some(block)
+    }
+
+    /// Whether `max_split_size` lets a request of `rounded` bytes take a free block of
+    /// `block_size` bytes (outside expandable segments).
+    pub(super) fn oversize_rules_allow(&self, rounded: u64, block_size: u64) -> bool {
         let max_split = self.max_split();
         if rounded < max_split && block_size >= max_split {
-            return None;
+            return false;
         }
-        if rounded >= max_split
-            && block_size >= rounded.saturating_add(self.config.max_non_split_rounding)
-        {
-            return None;
-        }
-        Some(block)
+        !(rounded >= max_split
+            && block_size >= rounded.saturating_add(self.config.max_non_split_rounding))
     }
 
     /// Takes the best cached block for a request out of its free list.
@@ -171,6 +174,7 @@ impl<D: DeviceMemory> Engine<D> {
             stats.oversize_allocations.increase(1);
         }
         let (stream, address) = (self.blocks.stream(block), self.blocks.address(block));
+        self.note_allocated(stream);
         self.record(|| TraceEvent::Malloc {
             id,
             size: requested,
@@ -199,6 +203,8 @@ impl<D: DeviceMemory> Engine<D> {
         let before = self.merge_free_neighbours(block, Backing::Mapped);
         let after = self.inactive_split_share(block);
         self.change_inactive_split(pool, before, after);
+        let stream = self.blocks.stream(block);
+        self.note_freed(block, stream);
         self.list(block);
         self.record(|| TraceEvent::FreeCompleted { id });
     }

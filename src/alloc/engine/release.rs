@@ -143,6 +143,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// released and every failure.
     pub fn release_at_drop(&mut self) -> (u64, Vec<AllocError>) {
         let mut failures = self.synchronize_what_can_be();
+        self.release_fences();
         let released = self
             .release_free_segments(&mut |e| {
                 failures.push(e);

@@ -40,7 +40,38 @@ impl<D: DeviceMemory> Engine<D> {
         let segment_of = self.check_segments()?;
         self.check_blocks(&segment_of)?;
         self.check_pending()?;
+        self.check_stream_table()?;
         self.check_stats()
+    }
+
+    /// Each stream's live count (kept while `cross_stream_reuse` is on) against a recount of
+    /// the allocated and pending-free blocks of its segments, and no block stamped with a
+    /// free its stream has not counted yet.
+    fn check_stream_table(&self) -> Result<(), String> {
+        for state in &self.streams.streams {
+            let mut live = 0;
+            for (_, block) in self.blocks.iter() {
+                let segment = self.blocks.segment(block.segment());
+                if segment.stream != state.stream {
+                    continue;
+                }
+                if block.state != BlockState::Inactive {
+                    live += 1;
+                } else if block.freed_at > state.frees {
+                    return Err(format!(
+                        "a free block of {} is stamped {} past its stream's {} frees",
+                        state.stream, block.freed_at, state.frees
+                    ));
+                }
+            }
+            if live != state.live {
+                return Err(format!(
+                    "{} counts {} live blocks, its segments hold {live}",
+                    state.stream, state.live
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Each free list's own bookkeeping, and each entry against its block.

@@ -50,6 +50,7 @@ impl CubeclLayerUsage {
         r.growth_reclaims += counters.growth_reclaims;
         r.skipped_reclaims += counters.skipped_reclaims;
         r.oom_reclaims += counters.oom_reclaims;
+        r.idle_reclaims += counters.idle_reclaims;
         r.reclaim_work += counters.reclaim_work;
     }
 }

@@ -39,6 +39,7 @@ pub(super) fn reserve<D: Driver>(
     stream_id: StreamId,
 ) -> Result<ManagedMemoryHandle, ServerError> {
     checks::bindable(size, max_binding_size)?;
+    streams.hand_back_idle(driver, stream_id);
     match streams
         .get(driver, stream_id)
         .memory

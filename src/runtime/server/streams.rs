@@ -9,6 +9,16 @@
 //! leaving a stream and its cache behind. The default bound is CubeCL's own
 //! (`streaming.max_streams` of CubeCL's configuration, 128).
 //!
+//! A slot whose thread has gone (a data-loader worker of the previous epoch) is never asked
+//! for memory again, so the exact-size slices its CubeCL pool keeps free would never reach
+//! the engine, which would share them with other streams (`cross_stream_reuse`). The table
+//! therefore hands idle slots' free slices back itself: when a slot is created (a new thread
+//! came: every other slot holding no live slice gives its free slices back), and, before a
+//! reservation, every [`IDLE_PERIOD`] operations ([`Streams::hand_back_idle`]: every slot that
+//! no operation touched for a whole period gives back its free slices, live or not). Each slot
+//! is walked once per idle spell: a slot handed back is not walked again before an operation
+//! touches it.
+//!
 //! CubeCL 0.10's `initialize_memory`, `write` and `launch` cannot return errors, so a failure
 //! there is kept on its stream and returned by the next `read`, `sync` or `flush` of that
 //! stream, which also clears it: the server keeps working.
@@ -26,6 +36,10 @@ use super::super::stream_memory::{ReclaimPolicy, StreamMemory};
 use super::ordering::SyncPoints;
 use crate::alloc::{CachingAllocator, RecordMode};
 use crate::device::DeviceStream;
+
+/// Operations on a device between two looks for slots that no operation touched since the
+/// previous look (see the module documentation).
+pub(crate) const IDLE_PERIOD: u64 = 4096;
 
 /// The slot of CubeCL stream `id` among `max_streams` (cubecl-runtime's `stream_index`).
 pub(crate) fn slot(id: StreamId, max_streams: usize) -> usize {
@@ -50,6 +64,10 @@ pub(super) struct ServerStream<D: Driver> {
     pub(super) synced: SyncPoints,
     pub(super) metadata: Option<MetadataScratch>,
     errors: Vec<ServerError>,
+    /// The table's operation count when an operation last touched this slot.
+    touched: u64,
+    /// Whether the slot's free slices were handed back as idle since it was last touched.
+    handed_back: bool,
 }
 
 /// Every stream slot the server has used, created on first use.
@@ -58,6 +76,10 @@ pub(super) struct Streams<D: Driver> {
     memory_properties: MemoryDeviceProperties,
     max_streams: usize,
     streams: HashMap<usize, ServerStream<D>>,
+    /// Operations on any slot so far.
+    operations: u64,
+    /// The operation count at the last look for idle slots.
+    last_look: u64,
 }
 
 impl<D: Driver> Streams<D> {
@@ -71,6 +93,8 @@ impl<D: Driver> Streams<D> {
             memory_properties,
             max_streams: max_streams.max(1),
             streams: HashMap::new(),
+            operations: 0,
+            last_look: 0,
         }
     }
 
@@ -94,10 +118,65 @@ impl<D: Driver> Streams<D> {
         slot(id, self.max_streams)
     }
 
-    /// The stream of `id`'s slot, created (with its driver state from `driver`) on first use.
+    /// The stream of `id`'s slot, created (with its driver state from `driver`) on first use,
+    /// for an operation on it.
     pub(super) fn get(&mut self, driver: &mut D, id: StreamId) -> &mut ServerStream<D> {
         let slot = self.slot(id);
-        self.get_slot(driver, slot)
+        self.operations += 1;
+        if !self.streams.contains_key(&slot) {
+            // A new thread: the slots of threads that are gone give their free slices back
+            // before it allocates.
+            self.get_slot(driver, slot);
+            self.hand_back(driver, slot, false);
+        }
+        let operations = self.operations;
+        let stream = self.get_slot(driver, slot);
+        stream.touched = operations;
+        stream.handed_back = false;
+        stream
+    }
+
+    /// Every [`IDLE_PERIOD`] operations, hands the free CubeCL slices of the slots no
+    /// operation touched since the last look back to the engine (see the module
+    /// documentation); one comparison otherwise.
+    pub(super) fn hand_back_idle(&mut self, driver: &mut D, id: StreamId) {
+        if self.operations >= self.last_look + IDLE_PERIOD {
+            let current = self.slot(id);
+            self.hand_back(driver, current, true);
+            self.last_look = self.operations;
+        }
+    }
+
+    /// Hands the free slices of slots other than `current` back to the engine: with
+    /// `period_over`, of those untouched since the last look; otherwise of those holding no
+    /// live slice. A slot already handed back and untouched since is skipped.
+    fn hand_back(&mut self, driver: &mut D, current: usize, period_over: bool) {
+        let last_look = self.last_look;
+        for (slot, stream) in &mut self.streams {
+            if *slot == current || stream.handed_back {
+                continue;
+            }
+            if period_over {
+                if stream.touched >= last_look {
+                    continue;
+                }
+            } else {
+                // The slot's metadata scratch is the one live slice a slot without tensors
+                // holds.
+                let scratch = u64::from(stream.metadata.is_some());
+                if stream.memory.usage().number_allocs > scratch {
+                    continue;
+                }
+            }
+            // As for `memory_cleanup`: the work submitted so far is issued before its slices
+            // may serve other tensors.
+            if let Err(err) = driver.flush(&mut stream.driver) {
+                stream.errors.push(err);
+            }
+            stream.metadata = None;
+            stream.memory.reclaim_idle();
+            stream.handed_back = true;
+        }
     }
 
     /// The stream of `slot`, created on first use.
@@ -123,6 +202,8 @@ impl<D: Driver> Streams<D> {
                 synced: SyncPoints::default(),
                 metadata: None,
                 errors: Vec::new(),
+                touched: 0,
+                handed_back: false,
             }
         })
     }

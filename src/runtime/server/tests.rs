@@ -348,6 +348,15 @@ pub(super) fn harness_of(layout: MetadataLayout, max_streams: usize, capacity: u
 }
 
 fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> Harness {
+    harness_configured(device, layout, max_streams, AllocatorConfig::default())
+}
+
+fn harness_configured(
+    device: SimDevice,
+    layout: MetadataLayout,
+    max_streams: usize,
+    config: AllocatorConfig,
+) -> Harness {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     let memory = Metered::new(device);
     let meter = memory.meter();
@@ -362,8 +371,8 @@ fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> 
         type_id: 0xCA11,
         index_id: NEXT.fetch_add(1, Ordering::Relaxed),
     };
-    let server = CachingServer::new(driver, device, AllocatorConfig::default())
-        .expect("every device serves the default configuration")
+    let server = CachingServer::new(driver, device, config)
+        .expect("every device serves the configuration")
         .with_max_streams(max_streams);
     Harness {
         server,
@@ -801,6 +810,9 @@ fn a_request_that_fails_is_one_out_of_memory_with_one_observer_call_and_one_snap
 #[test]
 fn a_request_that_can_never_fit_is_a_clear_error_at_once() {
     let (mut h, observed, snapshot) = small_device("too-large");
+    // Stream 1's slot exists before stream 2 caches anything: a new slot makes idle slots
+    // hand their free slices back, which is not what this test is about.
+    h.server.flush(stream(1)).expect("nothing issued yet");
     drop(h.buffer(8 * MIB, stream(2)));
     let cached_before = h
         .server
@@ -1057,4 +1069,71 @@ fn looking_up_an_existing_stream_takes_no_engine_lock() {
     assert!(looked_up.is_ok(), "the lookup waited for the engine's lock");
     drop(buffer);
     drop(h);
+#[test]
+fn rounds_of_new_threads_reuse_the_memory_of_the_threads_that_are_gone() {
+    // A data loader's workers, epoch after epoch: every round's threads are new CubeCL
+    // streams. The slots of the previous round hand their free slices back when a new slot
+    // appears, and the engine gives their whole free segments to the new streams once each
+    // old stream's fence has completed (here the test completes them, as a GPU would have by
+    // the time a new thread starts).
+    let device = SimDevice::new(1 << 30);
+    let mut h = harness_on(device.clone(), MetadataLayout::DriverBinding, 128);
+    let sizes: Vec<u64> = (0..30u64).map(|i| 1024 + i * 41 * 1024).collect();
+    let mut reserved = Vec::new();
+    let mut next_thread = 0;
+    for _round in 0..4 {
+        let threads: Vec<u64> = (next_thread..next_thread + 6).collect();
+        next_thread += 6;
+        // The round's first operation makes its slot: the idle slots give their slices back
+        // and record their fences, which complete before the round allocates.
+        h.server.flush(stream(threads[0])).expect("flush");
+        device.complete_all_events();
+        for &thread in &threads {
+            let handles: Vec<Handle> = sizes.iter().map(|&s| h.buffer(s, stream(thread))).collect();
+            drop(handles);
+        }
+        reserved.push(h.server.allocator().memory_reserved());
+    }
+    assert!(
+        reserved.iter().all(|&r| r == reserved[0]),
+        "reserved after each round: {reserved:?}"
+    );
+    assert!(h.server.allocator().stats().num_stream_shares > 0);
+    // The test's threads run one after another, so each new slot finds every earlier one
+    // idle: each of the 24 slots but the last was handed back exactly once (an idle slot is
+    // not walked again before an operation touches it).
+    let last = h.server.streams.slot(stream(next_thread - 1));
+    for slot in 0..next_thread as usize {
+        let idle = h
+            .server
+            .streams
+            .get_slot(&mut h.server.driver, slot)
+            .memory
+            .counters()
+            .idle_reclaims;
+        assert_eq!(idle, u64::from(slot != last), "slot {slot}");
+    }
+}
+
+#[test]
+fn without_cross_stream_reuse_each_round_of_threads_reserves_anew() {
+    // The same rounds under PyTorch's per-stream rule: the new streams cannot use what the
+    // old ones cached, so reserved memory grows with every round.
+    let device = SimDevice::new(1 << 30);
+    let config = AllocatorConfig::parse("cross_stream_reuse:false").expect("a valid key");
+    let mut h = harness_configured(device.clone(), MetadataLayout::DriverBinding, 128, config);
+    let sizes: Vec<u64> = (0..30u64).map(|i| 1024 + i * 41 * 1024).collect();
+    let mut reserved = Vec::new();
+    for round in 0..3u64 {
+        for thread in round * 6..round * 6 + 6 {
+            let handles: Vec<Handle> = sizes.iter().map(|&s| h.buffer(s, stream(thread))).collect();
+            drop(handles);
+        }
+        device.complete_all_events();
+        reserved.push(h.server.allocator().memory_reserved());
+    }
+    assert!(
+        reserved[2] > reserved[1] && reserved[1] > reserved[0],
+        "{reserved:?}"
+    );
 }

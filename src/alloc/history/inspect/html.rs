@@ -220,6 +220,11 @@ fn data(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> Value {
             "Misses served from the other pool",
             stats.num_pool_borrows
         ],
+        [
+            "num_stream_shares",
+            "Misses served from another stream's cache",
+            stats.num_stream_shares
+        ],
     ]);
     let history_stack_count = snapshot
         .history

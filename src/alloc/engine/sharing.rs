@@ -1,0 +1,240 @@
+//! A miss takes a wholly free segment another stream cached, once that stream's work on it is
+//! done, before it asks the device for more.
+//!
+//! PyTorch caches a block for the stream that allocated it and never hands it to another
+//! stream. Its streams come from a fixed pool, so that costs little there; CubeCL names a
+//! stream after the thread that uses it, and Burn's `MultiThreadDataLoader` starts new worker
+//! threads every epoch: under PyTorch's rule every epoch's batches are allocated on new
+//! streams, and what the old workers' streams cached is never used again (reserved memory
+//! climbs epoch after epoch, burn issue 4792).
+//!
+//! With `cross_stream_reuse:true` (the default), a miss that would allocate device memory
+//! (not a cache-only request), after the stream's own cache and its borrow from the other
+//! pool, takes the best-fitting (smallest, then lowest address) **wholly free segment** of
+//! the request's pool cached on another stream, **idle streams first** (no allocated or
+//! pending block), then busy ones. The segment moves to the requesting stream whole, so every
+//! later free of its blocks is ordered by that stream alone, as for any of its segments.
+//! Segments with a live block stay where they are: lending one of their free blocks would
+//! need an event on every later free of it; an idle stream's cache is all whole segments
+//! anyway (free neighbours merge). Expandable segments never move (their address range is
+//! the stream's).
+//!
+//! **Safety**: a block freed on stream A may still be used by work A issued before the free.
+//! Each stream counts its frees and stamps each newly free block with the count
+//! ([`Block::freed_at`](crate::alloc::block::Block)); a fence (an event recorded on A, with A's
+//! free count then) tells which frees are behind completed work: a segment whose stamp is at
+//! most the count of A's last completed fence may go to another stream. A stream records its
+//! fence when it becomes idle (its last live block freed), so that by the time another stream
+//! misses the event has long completed; a miss that finds a candidate newer than the last
+//! fence records one (if none is pending) and asks it once. Events are only queried, never
+//! waited for: a busy stream's segment is never taken before its work is done, and a miss
+//! whose candidates are all behind pending fences allocates as before. Fences are recorded
+//! only once the engine has seen two streams: a single-stream workload pays nothing.
+//!
+//! Statistics: a moved segment stays in its pool (no statistic changes but
+//! `num_stream_shares`, which counts the moves); it costs no device call.
+//! `cross_stream_reuse:false` is PyTorch's rule.
+
+use super::Engine;
+use crate::alloc::block::BlockId;
+use crate::alloc::error::AllocError;
+use crate::alloc::size::PoolKind;
+use crate::device::{DeviceMemory, DeviceStream};
+
+/// Candidates a search looks at per busy stream past its best fit: a busy stream's free list
+/// also holds the split blocks of its live segments, which never move, and a miss should not
+/// walk them all.
+const BUSY_STREAM_CANDIDATES: usize = 16;
+
+/// What the engine knows of one stream, for sharing its cache.
+pub(crate) struct StreamState<E> {
+    pub(crate) stream: DeviceStream,
+    /// Allocated and pending-free blocks on the stream.
+    pub(crate) live: u64,
+    /// Blocks that became free on the stream so far: the stamp of the newest.
+    pub(crate) frees: u64,
+    /// The newest fence recorded and not yet seen complete: its event and the free count
+    /// it covers.
+    fence: Option<(E, u64)>,
+    /// The free count covered by the newest fence seen complete.
+    passed: u64,
+}
+
+/// Every stream the engine has served, in first-use order.
+pub(crate) struct StreamTable<E> {
+    pub(crate) streams: Vec<StreamState<E>>,
+}
+
+impl<E> Default for StreamTable<E> {
+    fn default() -> Self {
+        Self {
+            streams: Vec::new(),
+        }
+    }
+}
+
+impl<E> StreamTable<E> {
+    /// The index of `stream`, added on first use.
+    fn index(&mut self, stream: DeviceStream) -> usize {
+        match self.streams.iter().position(|s| s.stream == stream) {
+            Some(i) => i,
+            None => {
+                self.streams.push(StreamState {
+                    stream,
+                    live: 0,
+                    frees: 0,
+                    fence: None,
+                    passed: 0,
+                });
+                self.streams.len() - 1
+            }
+        }
+    }
+}
+
+impl<D: DeviceMemory> Engine<D> {
+    fn sharing(&self) -> bool {
+        self.config.cross_stream_reuse && !self.expandable()
+    }
+
+    /// A block of `stream` was handed out.
+    pub(super) fn note_allocated(&mut self, stream: DeviceStream) {
+        if self.sharing() {
+            let i = self.streams.index(stream);
+            self.streams.streams[i].live += 1;
+        }
+    }
+
+    /// Block `block` of `stream` became free (after merging): stamps it, and records the
+    /// stream's fence when this was its last live block.
+    pub(super) fn note_freed(&mut self, block: BlockId, stream: DeviceStream) {
+        if !self.sharing() {
+            return;
+        }
+        let i = self.streams.index(stream);
+        let state = &mut self.streams.streams[i];
+        state.live = state.live.saturating_sub(1);
+        state.frees += 1;
+        self.blocks[block].freed_at = state.frees;
+        if state.live == 0 && self.streams.streams.len() > 1 {
+            // A failure leaves the stream without a new fence: a later miss tries again and
+            // reports it.
+            let _ = self.record_fence(i);
+        }
+    }
+
+    /// Records a fence on stream `i` covering its frees so far, unless one is pending (a
+    /// fence completes in stream order, so a newer one would wait behind it anyway).
+    fn record_fence(&mut self, i: usize) -> Result<(), AllocError> {
+        let state = &self.streams.streams[i];
+        if state.fence.is_some() || state.passed == state.frees {
+            return Ok(());
+        }
+        let (stream, frees) = (state.stream, state.frees);
+        let event = self.device.record_event(stream)?;
+        self.streams.streams[i].fence = Some((event, frees));
+        Ok(())
+    }
+
+    /// The free count of stream `i` behind completed work, after asking its pending fence.
+    fn poll_fence(&mut self, i: usize) -> Result<u64, AllocError> {
+        if let Some((event, _)) = &self.streams.streams[i].fence
+            && self.device.query_event(event)?
+        {
+            let (event, covered) = self.streams.streams[i].fence.take().expect("a fence");
+            self.device.release_event(event);
+            self.streams.streams[i].passed = covered;
+        }
+        Ok(self.streams.streams[i].passed)
+    }
+
+    /// Takes the best wholly free segment of `pool` that another stream cached for a request
+    /// of `rounded` bytes on `stream`, and hands it to `stream`: its one free, unlisted block.
+    /// `None` when no other stream holds one whose last free is behind completed work.
+    pub(super) fn take_from_other_stream(
+        &mut self,
+        pool: PoolKind,
+        stream: DeviceStream,
+        rounded: u64,
+    ) -> Result<Option<BlockId>, AllocError> {
+        if !self.sharing() {
+            return Ok(None);
+        }
+        // The requesting stream counts as known from its first miss: another stream's idle
+        // cache may serve that very miss.
+        self.streams.index(stream);
+        if self.streams.streams.len() < 2 {
+            return Ok(None);
+        }
+        for idle in [true, false] {
+            let mut best: Option<(u64, u64, BlockId)> = None;
+            for i in 0..self.streams.streams.len() {
+                let state = &self.streams.streams[i];
+                if state.stream == stream || (state.live == 0) != idle {
+                    continue;
+                }
+                if let Some(found) = self.shareable_segment(i, pool, rounded, idle)?
+                    && best.is_none_or(|b| (found.0, found.1) < (b.0, b.1))
+                {
+                    best = Some(found);
+                }
+            }
+            if let Some((_, _, block)) = best {
+                self.unlist(block);
+                self.blocks.set_stream(block, stream);
+                self.stats.num_stream_shares += 1;
+                return Ok(Some(block));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Stream `i`'s best wholly free segment for a request of `rounded` bytes that its fences
+    /// allow another stream to take: (size, address, block). Records a fence when the best
+    /// candidate is newer than every fence.
+    fn shareable_segment(
+        &mut self,
+        i: usize,
+        pool: PoolKind,
+        rounded: u64,
+        idle: bool,
+    ) -> Result<Option<(u64, u64, BlockId)>, AllocError> {
+        let stream = self.streams.streams[i].stream;
+        let list = self.free_list_ref(pool);
+        let mut next = list.best_fit(stream, rounded);
+        let mut visited = 0;
+        let mut candidate = None;
+        while let Some((size, block)) = next {
+            if !self.oversize_rules_allow(rounded, size) {
+                break;
+            }
+            if !self.blocks[block].is_split() && !self.in_expandable_segment(block) {
+                candidate = Some((size, self.blocks.address(block), block));
+                break;
+            }
+            visited += 1;
+            if !idle && visited > BUSY_STREAM_CANDIDATES {
+                break;
+            }
+            next = list.next_after(stream, size, self.blocks.address(block));
+        }
+        let Some((size, address, block)) = candidate else {
+            return Ok(None);
+        };
+        let stamp = self.blocks[block].freed_at;
+        if stamp <= self.poll_fence(i)? {
+            return Ok(Some((size, address, block)));
+        }
+        self.record_fence(i)?;
+        Ok((stamp <= self.poll_fence(i)?).then_some((size, address, block)))
+    }
+
+    /// Hands back every pending fence's event (waiting for none): for `empty_cache` and a drop.
+    pub(super) fn release_fences(&mut self) {
+        for state in &mut self.streams.streams {
+            if let Some((event, _)) = state.fence.take() {
+                self.device.release_event(event);
+            }
+        }
+    }
+}

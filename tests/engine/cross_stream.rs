@@ -1,0 +1,257 @@
+//! `cross_stream_reuse:true`: a miss takes a wholly free segment another stream cached once an
+//! event recorded on that stream after the segment's last free has completed (the engine's
+//! `sharing`). PyTorch never does (`get_free_block` searches the request's stream only):
+//! `streams.rs` checks that rule under `cross_stream_reuse:false`.
+
+use burn_caching_alloc::alloc::CachingAllocator;
+use burn_caching_alloc::device::sim::SimDevice;
+
+use crate::common::*;
+
+const SHARING: &str = "cross_stream_reuse:true";
+const S2: DeviceStream = DeviceStream(2);
+
+/// Each segment's stream, by address.
+fn segment_streams(alloc: &CachingAllocator<SimDevice>) -> Vec<u64> {
+    alloc.snapshot().segments.iter().map(|s| s.stream).collect()
+}
+
+#[test]
+fn a_segment_freed_on_a_stream_whose_event_is_pending_is_not_given_to_another_until_it_completes() {
+    let (alloc, device) = allocator(64 * MIB, SHARING);
+    let a = alloc.malloc(MIB, S0).unwrap();
+    let a_address = a.address();
+    alloc.free(a).unwrap();
+    assert_eq!(
+        device.counters().events_recorded,
+        0,
+        "one stream alone records no fence"
+    );
+
+    // Stream 1 misses: stream 0's segment is newer than any fence, so one is recorded on
+    // stream 0 and asked once; it has not completed, so stream 1 gets a segment of its own.
+    let b = alloc.malloc(MIB, S1).unwrap();
+    assert_ne!(b.address(), a_address);
+    let counters = device.counters();
+    assert_eq!(counters.allocs, 2);
+    assert_eq!(counters.events_recorded, 1, "a fence on stream 0");
+    assert_eq!(alloc.stats().num_stream_shares, 0);
+    assert_eq!(segment_streams(&alloc), vec![0, 1]);
+    check_invariants(&alloc, &device);
+
+    // Still pending: stream 2 does not get it either (no second fence while one is pending).
+    let c = alloc.malloc(MIB, S2).unwrap();
+    assert_ne!(c.address(), a_address);
+    assert_eq!(device.counters().allocs, 3);
+    assert_eq!(device.counters().events_recorded, 1);
+    alloc.free(c).unwrap();
+    // Stream 2 went idle with other streams known: its fence is recorded at once.
+    assert_eq!(device.counters().events_recorded, 2);
+
+    // Stream 0's work passes its fence. Stream 1 fills its own segment first, then misses:
+    // stream 0's whole free segment serves it; stream 2's, behind a pending fence, does not.
+    device.complete_events(S0);
+    let d = alloc.malloc(MIB, S1).unwrap();
+    assert_eq!(
+        alloc.stats().num_stream_shares,
+        0,
+        "stream 1's own cache first"
+    );
+    let e = alloc.malloc(MIB, S1).unwrap();
+    assert_eq!(e.address(), a_address);
+    assert_eq!(e.stream(), S1);
+    assert_eq!(segment_streams(&alloc), vec![1, 1, 2]);
+    let stats = alloc.stats();
+    assert_eq!(stats.num_stream_shares, 1);
+    assert_eq!(stats.num_device_alloc, 3, "no new segment");
+    assert_eq!(stats.segment.all.current, 3);
+    assert_eq!(stats.reserved_bytes.small_pool.current, 6 * MIB);
+    assert_eq!(stats.allocated_bytes.all.current, 3 * MIB);
+    assert_eq!(stats.active.all.current, 3);
+    assert_eq!(
+        stats.inactive_split.all.current, 1,
+        "stream 0's old segment, split"
+    );
+    check_invariants(&alloc, &device);
+    for x in [b, d, e] {
+        alloc.free(x).unwrap();
+    }
+    check_invariants(&alloc, &device);
+}
+
+#[test]
+fn an_idle_streams_cache_serves_a_new_streams_requests_of_the_same_sizes_with_no_new_segment() {
+    let (alloc, device) = allocator(256 * MIB, SHARING);
+    // Stream 1 holds a tensor throughout (another thread's model, say).
+    let held = alloc.malloc(512, S1).unwrap();
+    let sizes = [4096, 700 * KIB, 3 * MIB, 12 * MIB];
+    let first: Vec<_> = sizes
+        .iter()
+        .map(|&s| alloc.malloc(s, S0).unwrap())
+        .collect();
+    let reserved = alloc.stats().reserved_bytes.all.current;
+    let segments = alloc.stats().segment.all.current;
+    let addresses: Vec<u64> = first.iter().map(|a| a.address()).collect();
+    for a in first {
+        alloc.free(a).unwrap();
+    }
+    // The last free left stream 0 idle: its fence is recorded then.
+    assert_eq!(device.counters().events_recorded, 1);
+    device.complete_events(S0);
+
+    // A new stream (a new worker thread) asks for the same sizes.
+    let allocs_before = device.counters().allocs;
+    let again: Vec<_> = sizes
+        .iter()
+        .map(|&s| alloc.malloc(s, S2).unwrap())
+        .collect();
+    assert_eq!(device.counters().allocs, allocs_before, "no new segment");
+    let stats = alloc.stats();
+    assert_eq!(stats.reserved_bytes.all.current, reserved);
+    assert_eq!(stats.segment.all.current, segments);
+    // Stream 0 held two segments: a 2 MiB small one (4 KiB and 700 KiB) and a 20 MiB large
+    // one (3 MiB, then 12 MiB in its remainder). Both moved, each on the first request of its
+    // pool; the second request of each pool was served by the moved segment.
+    assert_eq!(stats.num_stream_shares, 2);
+    let mut reused: Vec<u64> = again.iter().map(|a| a.address()).collect();
+    reused.sort_unstable();
+    let mut expected = addresses.clone();
+    expected.sort_unstable();
+    assert_eq!(reused, expected, "the same blocks, now stream 2's");
+    assert!(again.iter().all(|a| a.stream() == S2));
+    assert_eq!(
+        stats.allocated_bytes.all.current,
+        512 + 4096 + 700 * KIB + 3 * MIB + 12 * MIB
+    );
+    check_invariants(&alloc, &device);
+    for a in again {
+        alloc.free(a).unwrap();
+    }
+    alloc.free(held).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+#[test]
+fn a_segment_that_still_holds_a_live_block_stays_with_its_stream() {
+    let (alloc, device) = allocator(64 * MIB, SHARING);
+    let _other = alloc.malloc(512, S1).unwrap();
+    let live = alloc.malloc(4096, S0).unwrap();
+    let freed = alloc.malloc(4096, S0).unwrap();
+    alloc.free(freed).unwrap();
+    device.complete_all_events();
+    let allocs = device.counters().allocs;
+    // Stream 0's free 4 KiB block (and stream 1's remainder) would fit, but their segments
+    // hold live blocks.
+    let b = alloc.malloc(4096, S2).unwrap();
+    assert_eq!(device.counters().allocs, allocs + 1, "a new segment");
+    assert_eq!(alloc.stats().num_stream_shares, 0);
+    assert_ne!(b.stream(), S0);
+    check_invariants(&alloc, &device);
+    alloc.free(live).unwrap();
+}
+
+#[test]
+fn idle_streams_are_taken_before_busy_ones_and_a_busy_stream_after_its_fence() {
+    let (alloc, device) = allocator(256 * MIB, SHARING);
+    // Stream 0 is busy: a live 12 MiB block and a whole free 12 MiB segment.
+    let busy_live = alloc.malloc(12 * MIB, S0).unwrap();
+    let busy_free = alloc.malloc(12 * MIB, S0).unwrap();
+    let busy_address = busy_free.address();
+    // Stream 1 is idle with a whole free 12 MiB segment.
+    let idle = alloc.malloc(12 * MIB, S1).unwrap();
+    let idle_address = idle.address();
+    alloc.free(busy_free).unwrap();
+    alloc.free(idle).unwrap();
+    assert_eq!(
+        device.counters().events_recorded,
+        1,
+        "only the stream that went idle records a fence"
+    );
+    device.complete_all_events();
+
+    let first = alloc.malloc(12 * MIB, S2).unwrap();
+    assert_eq!(
+        first.address(),
+        idle_address,
+        "the idle stream's segment first"
+    );
+    // The busy stream's segment is newer than any of its fences: one is recorded and asked.
+    let allocs = device.counters().allocs;
+    let second = alloc.malloc(12 * MIB, S2).unwrap();
+    assert_ne!(second.address(), busy_address);
+    assert_eq!(device.counters().allocs, allocs + 1);
+    assert_eq!(device.counters().events_recorded, 2);
+    // Once stream 0 passes it, its whole free segment serves stream 2.
+    device.complete_events(S0);
+    let third = alloc.malloc(12 * MIB, S2).unwrap();
+    assert_eq!(third.address(), busy_address);
+    assert_eq!(device.counters().allocs, allocs + 1);
+    assert_eq!(alloc.stats().num_stream_shares, 2);
+    assert_eq!(segment_streams(&alloc), vec![0, 2, 2, 2]);
+    check_invariants(&alloc, &device);
+    for a in [busy_live, first, second, third] {
+        alloc.free(a).unwrap();
+    }
+}
+
+#[test]
+fn best_fit_across_streams_takes_the_smallest_segment_that_fits() {
+    let (alloc, device) = allocator(256 * MIB, SHARING);
+    let _keep = alloc.malloc(512, S2).unwrap();
+    let big = alloc.malloc(16 * MIB, S0).unwrap();
+    let small = alloc.malloc(12 * MIB, S1).unwrap();
+    let small_address = small.address();
+    alloc.free(big).unwrap();
+    alloc.free(small).unwrap();
+    device.complete_all_events();
+    let a = alloc.malloc(11 * MIB, S2).unwrap();
+    assert_eq!(a.address(), small_address, "12 MiB, not 16 MiB");
+    check_invariants(&alloc, &device);
+}
+
+#[test]
+fn cross_stream_reuse_false_is_pytorchs_per_stream_rule() {
+    let (alloc, device) = allocator(64 * MIB, "cross_stream_reuse:false");
+    let _keep = alloc.malloc(512, S1).unwrap();
+    let a = alloc.malloc(2 * MIB, S0).unwrap();
+    alloc.free(a).unwrap();
+    device.complete_all_events();
+    let b = alloc.malloc(2 * MIB, S2).unwrap();
+    assert_eq!(device.counters().allocs, 3);
+    assert_eq!(device.counters().events_recorded, 0);
+    assert_eq!(alloc.stats().num_stream_shares, 0);
+    assert_eq!(b.stream(), S2);
+    check_invariants(&alloc, &device);
+}
+
+#[test]
+fn a_cache_only_request_never_takes_another_streams_segment() {
+    let (alloc, device) = allocator(64 * MIB, SHARING);
+    let _keep = alloc.malloc(512, S1).unwrap();
+    let a = alloc.malloc(4096, S0).unwrap();
+    alloc.free(a).unwrap();
+    device.complete_all_events();
+    assert!(alloc.malloc_cached(4096, S2).unwrap().is_none());
+    assert_eq!(alloc.stats().num_stream_shares, 0);
+}
+
+#[test]
+fn a_failed_fence_query_is_an_error_and_leaves_the_segment_where_it_was() {
+    use burn_caching_alloc::device::sim::SimCall;
+    let (alloc, device) = allocator(64 * MIB, SHARING);
+    let _keep = alloc.malloc(512, S1).unwrap();
+    let a = alloc.malloc(4096, S0).unwrap();
+    alloc.free(a).unwrap();
+    device.fail_next(SimCall::QueryEvent);
+    assert!(alloc.malloc(4096, S2).is_err());
+    // Segments by address: stream 1's first.
+    assert_eq!(segment_streams(&alloc), vec![1, 0]);
+    assert_eq!(device.counters().allocs, 2);
+    check_invariants(&alloc, &device);
+    device.complete_all_events();
+    let b = alloc.malloc(4096, S2).unwrap();
+    assert_eq!(b.stream(), S2);
+    assert_eq!(segment_streams(&alloc), vec![1, 2]);
+    assert_eq!(alloc.stats().num_stream_shares, 1);
+    check_invariants(&alloc, &device);
+}

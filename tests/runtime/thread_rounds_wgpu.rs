@@ -1,0 +1,103 @@
+//! Rounds of new threads on one device (a data loader's workers, epoch after epoch): CubeCL
+//! names a stream after its thread, so every round allocates on new stream slots. The slots of
+//! the threads that are gone hand their free slices back (the server's idle-slot look) and the
+//! engine gives their whole free segments to the new streams (`cross_stream_reuse`): reserved
+//! memory stays flat after the first round instead of growing with every round.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use burn_caching_alloc::backend::{self, CachingWgpu, CachingWgpuUnfused};
+
+use crate::support::lavapipe::cpu_device;
+
+const THREADS: usize = 6;
+const ROUNDS: usize = 4;
+const TENSORS: usize = 30;
+/// Tensor sizes run from 1 KiB to 1.2 MiB.
+const MIN_BYTES: usize = 1024;
+const MAX_BYTES: usize = 1200 * 1024;
+
+/// The sizes (in f32 elements) thread `thread` uses: the same in every round.
+fn sizes(thread: usize) -> Vec<usize> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ (thread as u64 + 1);
+    (0..TENSORS)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let bytes = MIN_BYTES + (state >> 33) as usize % (MAX_BYTES - MIN_BYTES + 1);
+            bytes / 4
+        })
+        .collect()
+}
+
+/// One worker: creates, computes on, reads back and drops its tensors.
+fn work<B: Backend>(device: &B::Device, thread: usize) {
+    for (i, elements) in sizes(thread).into_iter().enumerate() {
+        let values: Vec<f32> = (0..elements).map(|e| (e % 97) as f32).collect();
+        let x = Tensor::<B, 1>::from_data(TensorData::new(values, [elements]), device);
+        let y = x.clone() * 2.0 + 1.0;
+        let read: Vec<f32> = y.into_data().to_vec().expect("f32 data");
+        assert_eq!(read[elements - 1], ((elements - 1) % 97) as f32 * 2.0 + 1.0);
+        assert_eq!(read.len(), elements, "tensor {i} of thread {thread}");
+    }
+}
+
+/// Reserved memory after each round of `THREADS` new threads.
+fn reserved_per_round<B: Backend<Device = burn::backend::wgpu::WgpuDevice>>(
+    device: &burn::backend::wgpu::WgpuDevice,
+) -> Vec<u64> {
+    let mut reserved = Vec::new();
+    for _ in 0..ROUNDS {
+        std::thread::scope(|scope| {
+            for thread in 0..THREADS {
+                scope.spawn(move || work::<B>(device, thread));
+            }
+        });
+        B::sync(device).expect("sync");
+        reserved.push(backend::memory_reserved(device));
+    }
+    reserved
+}
+
+fn assert_flat(name: &str, reserved: &[u64]) {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let rounds: Vec<String> = reserved.iter().map(|&b| format!("{:.1}", mib(b))).collect();
+    println!(
+        "{name}: reserved after each round (MiB): {}",
+        rounds.join(", ")
+    );
+    let first = reserved[0] as f64;
+    for (round, &bytes) in reserved.iter().enumerate().skip(1) {
+        assert!(
+            (bytes as f64) <= first * 1.05,
+            "{name}: reserved after round {} is {:.1} MiB, more than 5 % over round 1's {:.1} \
+             MiB: {reserved:?}",
+            round + 1,
+            mib(bytes),
+            mib(reserved[0]),
+        );
+    }
+}
+
+#[test]
+fn reserved_memory_stays_flat_over_rounds_of_new_threads_unfused() {
+    let Some((device, _lock)) = cpu_device() else {
+        return;
+    };
+    backend::empty_cache(&device);
+    let reserved = reserved_per_round::<CachingWgpuUnfused>(&device);
+    assert_flat("CachingWgpuUnfused", &reserved);
+    backend::empty_cache(&device);
+}
+
+#[test]
+fn reserved_memory_stays_flat_over_rounds_of_new_threads_fused() {
+    let Some((device, _lock)) = cpu_device() else {
+        return;
+    };
+    backend::empty_cache(&device);
+    let reserved = reserved_per_round::<CachingWgpu>(&device);
+    assert_flat("CachingWgpu", &reserved);
+    backend::empty_cache(&device);
+}
