@@ -154,18 +154,18 @@ where
     Bc::Device: 'static,
     Bs::Device: 'static,
 {
-    if options.steps <= options.warmup {
+    let steps = workload.steps(options.steps);
+    if steps <= options.warmup {
         return Err(format!(
-            "{} steps leave nothing after a warm-up of {}",
-            options.steps, options.warmup
+            "{workload}: {steps} steps leave nothing after a warm-up of {}",
+            options.warmup
         ));
     }
-    let batches = workload.batches(options.steps, options.seed, &options.mnist_dir)?;
-    if batches.len() < options.steps {
+    let batches = workload.batches(steps, options.seed, &options.mnist_dir)?;
+    if batches.len() < steps {
         return Err(format!(
-            "{workload}: only {} batches for {} steps",
+            "{workload}: only {} batches for {steps} steps",
             batches.len(),
-            options.steps
         ));
     }
     let mut c = side::<Bc>(caching.0, workload, caching.1, caching.2, options.seed);
@@ -201,7 +201,7 @@ where
         .collect();
     let [caching, stock] = results;
     Ok(WorkloadResult {
-        workload: workload.name().to_string(),
+        workload: workload.name(),
         fusion: fusion.to_string(),
         reserved_ratio: caching.peak_reserved_sampled as f64 / stock.peak_reserved_sampled as f64,
         time_ratio: caching.median_step_seconds / stock.median_step_seconds,

@@ -26,11 +26,16 @@ pub struct TransformerNet<B: Backend> {
 }
 
 impl<B: Backend> TransformerNet<B> {
-    /// A freshly initialised network (the backend's seeded RNG).
+    /// A freshly initialised network (the backend's seeded RNG): `d_model` 64, feed-forward 256.
     pub fn new(device: &B::Device) -> Self {
+        Self::sized(TRANSFORMER_D_MODEL, 256, device)
+    }
+
+    /// The same network with `d_model` `width` and a feed-forward layer of `ff`.
+    pub fn sized(width: usize, ff: usize, device: &B::Device) -> Self {
         Self {
-            encoder: TransformerEncoderConfig::new(TRANSFORMER_D_MODEL, 256, 4, 2).init(device),
-            head: LinearConfig::new(TRANSFORMER_D_MODEL, CLASSES).init(device),
+            encoder: TransformerEncoderConfig::new(width, ff, 4, 2).init(device),
+            head: LinearConfig::new(width, CLASSES).init(device),
         }
     }
 }
@@ -130,11 +135,21 @@ impl<B: Backend> Net<B> for MnistMlpNet<B> {
 }
 
 /// Which network a workload trains (for documentation and the report).
-pub fn describe(workload: Workload) -> &'static str {
+pub fn describe(workload: Workload) -> String {
     match workload {
-        Workload::TransformerVarlen => "TransformerEncoder 2 x d64 h4 ff256, seq 16..=128, batch 8",
-        Workload::Conv => "Conv2d 3-16-32, pools, linear, 32 x 32 RGB, batch 16",
-        Workload::Lstm => "Lstm 32 -> 64, 24 steps, linear, batch 16",
-        Workload::MnistMlp => "MNIST MLP 784-128-10, batch 64",
+        Workload::TransformerVarlen => {
+            "TransformerEncoder 2 x d64 h4 ff256, seq 16..=128, batch 8".into()
+        }
+        Workload::Conv => "Conv2d 3-16-32, pools, linear, 32 x 32 RGB, batch 16".into(),
+        Workload::Lstm => "Lstm 32 -> 64, 24 steps, linear, batch 16".into(),
+        Workload::MnistMlp => "MNIST MLP 784-128-10, batch 64".into(),
+        Workload::Varlen(s) => format!(
+            "TransformerEncoder 2 x d{} h4 ff{}, seq {}..={}, batch {}",
+            s.width,
+            4 * s.width,
+            s.min_len,
+            s.max_len,
+            s.batch
+        ),
     }
 }

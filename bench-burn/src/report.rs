@@ -9,7 +9,7 @@ use crate::compare::WorkloadResult;
 pub struct Report {
     /// The device the backends ran on, as the command line named it.
     pub device: String,
-    /// Steps per side and workload.
+    /// Steps per side and workload (a `varlen-...-s<steps>` row trains for its own count).
     pub steps: usize,
     /// Leading steps left out of the step-time statistics.
     pub warmup: usize,

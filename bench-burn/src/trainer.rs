@@ -37,6 +37,11 @@ where
         Workload::Conv => boxed::<B, _>(ConvNet::new(device), device, seed),
         Workload::Lstm => boxed::<B, _>(LstmNet::new(device), device, seed),
         Workload::MnistMlp => boxed::<B, _>(MnistMlpNet::new(device), device, seed),
+        Workload::Varlen(shape) => boxed::<B, _>(
+            TransformerNet::sized(shape.width, 4 * shape.width, device),
+            device,
+            seed,
+        ),
     }
 }
 

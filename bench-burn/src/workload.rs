@@ -22,6 +22,98 @@ pub enum Workload {
     Lstm,
     /// The MNIST showcase's 784-128-10 perceptron on batches of 64 MNIST training images.
     MnistMlp,
+    /// `TransformerEncoder` (2 layers, 4 heads, feed-forward 4 x width) of a given size on
+    /// batches whose sequence length is drawn from a range at every step: the family of
+    /// variable-length rows (issue 39), named `varlen-d<width>-b<batch>-l<min>-<max>[-s<steps>]`.
+    Varlen(VarlenShape),
+}
+
+/// The size of a [`Workload::Varlen`] row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct VarlenShape {
+    /// `d_model` (a multiple of the 4 heads); the feed-forward layer is 4 times as wide.
+    pub width: usize,
+    /// Sequences per batch.
+    pub batch: usize,
+    /// Shortest sequence length drawn.
+    pub min_len: usize,
+    /// Longest sequence length drawn.
+    pub max_len: usize,
+    /// Steps this row trains for, overriding `--steps`, if given.
+    pub steps: Option<usize>,
+}
+
+impl VarlenShape {
+    /// The row's name: `varlen-d<width>-b<batch>-l<min>-<max>[-s<steps>]`.
+    pub fn name(&self) -> String {
+        let mut name = format!(
+            "varlen-d{}-b{}-l{}-{}",
+            self.width, self.batch, self.min_len, self.max_len
+        );
+        if let Some(steps) = self.steps {
+            name.push_str(&format!("-s{steps}"));
+        }
+        name
+    }
+
+    /// The shape a name made by [`VarlenShape::name`] describes, if it is one (widths a
+    /// multiple of 4, every number positive, `min <= max`).
+    pub fn parse(name: &str) -> Option<Self> {
+        let rest = name.strip_prefix("varlen-d")?;
+        let mut parts = rest.split('-');
+        let width = parts.next()?.parse().ok()?;
+        let batch = parts.next()?.strip_prefix('b')?.parse().ok()?;
+        let min_len = parts.next()?.strip_prefix('l')?.parse().ok()?;
+        let max_len = parts.next()?.parse().ok()?;
+        let steps = match parts.next() {
+            Some(s) => Some(s.strip_prefix('s')?.parse().ok()?),
+            None => None,
+        };
+        let shape = Self {
+            width,
+            batch,
+            min_len,
+            max_len,
+            steps,
+        };
+        let valid = parts.next().is_none()
+            && width > 0
+            && width % 4 == 0
+            && batch > 0
+            && min_len > 0
+            && min_len <= max_len
+            && steps != Some(0);
+        valid.then_some(shape)
+    }
+}
+
+/// The variable-length rows the benchmark runs by default (`--models varlen`): widths 32 to
+/// 128, batches 4 to 32, lengths from 4..32 to 32..256, the user's report of issue 39 among
+/// them (`varlen-d64-b8-l8-192-s40`). Step counts are short enough that the family runs in
+/// minutes on lavapipe in a debug build.
+pub const VARLEN_FAMILY: [VarlenShape; 6] = [
+    varlen(64, 8, 8, 192, 40),
+    varlen(32, 4, 8, 64, 24),
+    varlen(64, 32, 4, 32, 24),
+    varlen(128, 8, 16, 128, 16),
+    varlen(64, 16, 32, 256, 12),
+    varlen(96, 4, 8, 320, 16),
+];
+
+const fn varlen(
+    width: usize,
+    batch: usize,
+    min_len: usize,
+    max_len: usize,
+    steps: usize,
+) -> VarlenShape {
+    VarlenShape {
+        width,
+        batch,
+        min_len,
+        max_len,
+        steps: Some(steps),
+    }
 }
 
 /// Sequence lengths of [`Workload::TransformerVarlen`].
@@ -47,18 +139,39 @@ impl Workload {
     ];
 
     /// Name on the command line and in reports.
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Workload::TransformerVarlen => "transformer-varlen",
-            Workload::Conv => "conv",
-            Workload::Lstm => "lstm",
-            Workload::MnistMlp => "mnist-mlp",
+            Workload::TransformerVarlen => "transformer-varlen".into(),
+            Workload::Conv => "conv".into(),
+            Workload::Lstm => "lstm".into(),
+            Workload::MnistMlp => "mnist-mlp".into(),
+            Workload::Varlen(shape) => shape.name(),
         }
     }
 
     /// The workload called `name`, if any.
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|w| w.name() == name)
+        Self::ALL
+            .into_iter()
+            .find(|w| w.name() == name)
+            .or_else(|| VarlenShape::parse(name).map(Workload::Varlen))
+    }
+
+    /// The workloads a command-line name stands for: one, or for `varlen` every row of
+    /// [`VARLEN_FAMILY`].
+    pub fn expand(name: &str) -> Option<Vec<Self>> {
+        if name == "varlen" {
+            return Some(VARLEN_FAMILY.into_iter().map(Workload::Varlen).collect());
+        }
+        Self::from_name(name).map(|w| vec![w])
+    }
+
+    /// The steps this workload trains for when the command line gives `steps`.
+    pub fn steps(self, steps: usize) -> usize {
+        match self {
+            Workload::Varlen(shape) => shape.steps.unwrap_or(steps),
+            _ => steps,
+        }
     }
 
     /// Items per batch.
@@ -67,13 +180,14 @@ impl Workload {
             Workload::TransformerVarlen => 8,
             Workload::Conv | Workload::Lstm => 16,
             Workload::MnistMlp => 64,
+            Workload::Varlen(shape) => shape.batch,
         }
     }
 
     /// `steps` batches from `seed`. MNIST batches come from the training set in
     /// `mnist_dir` (the showcase's `data/`), in the order the seed shuffles.
     pub fn batches(self, steps: usize, seed: u64, mnist_dir: &Path) -> Result<Vec<Batch>, String> {
-        let mut rng = SmallRng::seed_from_u64(seed ^ (self as u64).wrapping_mul(0x9e37_79b9));
+        let mut rng = SmallRng::seed_from_u64(seed ^ self.seed_salt().wrapping_mul(0x9e37_79b9));
         let n = self.batch_size();
         let random = |rng: &mut SmallRng, shape: [usize; 3]| -> Batch {
             let len = shape.iter().product();
@@ -90,6 +204,12 @@ impl Workload {
                 .map(|_| {
                     let seq = rng.random_range(VARLEN_RANGE);
                     random(&mut rng, [n, seq, TRANSFORMER_D_MODEL])
+                })
+                .collect()),
+            Workload::Varlen(shape) => Ok((0..steps)
+                .map(|_| {
+                    let seq = rng.random_range(shape.min_len..=shape.max_len);
+                    random(&mut rng, [n, seq, shape.width])
                 })
                 .collect()),
             Workload::Conv => Ok((0..steps)
@@ -117,9 +237,25 @@ impl Workload {
     }
 }
 
+impl Workload {
+    /// Mixed into the batches' seed: the fixed workloads' discriminants as before, a hash of
+    /// the shape's numbers for a variable-length row.
+    fn seed_salt(self) -> u64 {
+        match self {
+            Workload::TransformerVarlen => 0,
+            Workload::Conv => 1,
+            Workload::Lstm => 2,
+            Workload::MnistMlp => 3,
+            Workload::Varlen(s) => [s.width, s.batch, s.min_len, s.max_len]
+                .iter()
+                .fold(4u64, |h, &x| h.wrapping_mul(31).wrapping_add(x as u64)),
+        }
+    }
+}
+
 impl std::fmt::Display for Workload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        f.write_str(&self.name())
     }
 }
 
@@ -160,5 +296,47 @@ mod tests {
             assert_eq!(Workload::from_name(w.name()), Some(w));
         }
         assert_eq!(Workload::from_name("resnet"), None);
+        for shape in VARLEN_FAMILY {
+            assert_eq!(
+                Workload::from_name(&shape.name()),
+                Some(Workload::Varlen(shape))
+            );
+        }
+        assert_eq!(
+            Workload::from_name("varlen-d64-b8-l8-192"),
+            Some(Workload::Varlen(VarlenShape {
+                steps: None,
+                ..varlen(64, 8, 8, 192, 1)
+            }))
+        );
+        for bad in [
+            "varlen-d63-b8-l8-192",
+            "varlen-d64-b0-l8-192",
+            "varlen-d64-b8-l9-8",
+            "varlen-d64-b8-l8-192-s0",
+            "varlen-d64-b8-l8-192-s4-x",
+            "varlen-d64-b8-l8",
+        ] {
+            assert_eq!(Workload::from_name(bad), None, "{bad}");
+        }
+        assert_eq!(
+            Workload::expand("varlen").unwrap().len(),
+            VARLEN_FAMILY.len()
+        );
+    }
+
+    #[test]
+    fn varlen_rows_draw_lengths_from_their_range_at_their_width() {
+        let dir = mnist::dataset::default_data_dir();
+        let shape = varlen(32, 4, 8, 64, 10);
+        let batches = Workload::Varlen(shape).batches(10, 1, &dir).unwrap();
+        assert_eq!(batches.len(), 10);
+        for b in &batches {
+            assert_eq!(b.shape[0], 4);
+            assert!((8..=64).contains(&b.shape[1]));
+            assert_eq!(b.shape[2], 32);
+        }
+        assert_eq!(Workload::Varlen(shape).steps(3), 10);
+        assert_eq!(Workload::Conv.steps(3), 3);
     }
 }

@@ -40,11 +40,13 @@ struct Args {
     /// Where the backends run.
     #[arg(long, value_enum, default_value = "wgpu")]
     device: DeviceKind,
-    /// Workloads to run (comma-separated): transformer-varlen, conv, lstm, mnist-mlp.
+    /// Workloads to run (comma-separated): transformer-varlen, conv, lstm, mnist-mlp, `varlen`
+    /// (the variable-length family), or one transformer of any size,
+    /// `varlen-d<width>-b<batch>-l<min>-<max>[-s<steps>]`.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "transformer-varlen,conv,lstm,mnist-mlp"
+        default_value = "transformer-varlen,conv,lstm,mnist-mlp,varlen"
     )]
     models: Vec<String>,
     /// Fused, unfused or both.
@@ -81,8 +83,9 @@ fn run(args: &Args) -> Result<(), String> {
     let workloads = args
         .models
         .iter()
-        .map(|name| Workload::from_name(name).ok_or_else(|| format!("no workload {name:?}")))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|name| Workload::expand(name).ok_or_else(|| format!("no workload {name:?}")))
+        .collect::<Result<Vec<_>, _>>()?
+        .concat();
     let options = CompareOptions {
         steps: args.steps,
         warmup: args.warmup,
