@@ -169,6 +169,11 @@ pub struct MemoryStats {
     /// (`pool_borrowing`; not a PyTorch statistic).
     #[serde(default)]
     pub num_pool_borrows: u64,
+    /// Requests refused at once, without flushing the cache, because their new device memory
+    /// would take reserved memory over the memory fraction's cap (`throw_on_cudamalloc_oom`;
+    /// PyTorch's `num_oom_rejections`). Not counted in `num_ooms`.
+    #[serde(default)]
+    pub num_oom_rejections: u64,
     /// The configured `max_split_size` in bytes, -1 when unlimited (PyTorch's int64 value).
     pub max_split_size: i64,
 }
@@ -305,13 +310,14 @@ pub(crate) const SINGLES: [SingleField; 2] = [
 ];
 
 /// Every counter; the labelled ones in the summary's order, two to a line.
-pub(crate) const COUNTERS: [Counter; 6] = [
+pub(crate) const COUNTERS: [Counter; 7] = [
     field!(Counter num_ooms, label: Some("Out-of-memory errors")),
     field!(Counter num_alloc_retries, label: Some("Device allocation retries")),
     field!(Counter num_device_alloc, label: Some("Device allocations")),
     field!(Counter num_device_free, label: Some("Device frees")),
     field!(Counter num_sync_all_streams, label: None),
     field!(Counter num_pool_borrows, label: None),
+    field!(Counter num_oom_rejections, label: None),
 ];
 
 /// A count or byte amount as PyTorch's int64 (amounts never come near `i64::MAX`).

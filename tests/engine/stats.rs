@@ -138,9 +138,11 @@ fn to_map_uses_pytorch_keys() {
             }
         }
     }
-    // PyTorch's counters and `max_split_size`, and one of ours: `num_pool_borrows`.
+    // PyTorch's counters (with 2.12's `num_oom_rejections`) and `max_split_size`, and one of
+    // ours: `num_pool_borrows`.
     assert_eq!(map["num_pool_borrows"], 0);
-    assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 7);
+    assert_eq!(map["num_oom_rejections"], 0);
+    assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 8);
     alloc.free(a).unwrap();
 }
 
