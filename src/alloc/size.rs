@@ -18,9 +18,10 @@
 //! which made it reserve 3.2 times what CubeCL's own pool does on wgpu. Segments reach
 //! PyTorch's 20 MiB once the large pool holds 160 MiB; below that a pool pays more device
 //! allocations (about twenty more on the way to 160 MiB, once per process: the cache keeps
-//! them). Of the eighths tried on the recorded and generated traces (a whole, a half, a
-//! quarter, an eighth of the pool, and none), an eighth reserved least on the variable-shape
-//! ones. `segment_sizing:pytorch` restores PyTorch's `get_allocation_size` exactly.
+//! them). Of the shares measured on the replay's traces (a whole, a half, a quarter, an
+//! eighth of the pool, and none), an eighth reserved least on the variable-shape ones
+//! (`docs/src/benchmarks.md`). `segment_sizing:pytorch` restores PyTorch's
+//! `get_allocation_size` exactly.
 
 use serde::{Deserialize, Serialize};
 

@@ -8,11 +8,11 @@ use crate::runtime::CubeclLayerUsage;
 
 /// Memory statistics of one device, with PyTorch's meanings.
 ///
-/// Two layers hold memory (see the crate README): CubeCL's persistent pool keeps freed slices
-/// for the next tensor of the same size, and the engine owns the device segments. Before
-/// these numbers are read, CubeCL's free slices are handed back to the engine, so the engine's
-/// statistics ([`Self::engine`]) are PyTorch's: "allocated" is what live tensors hold, and
-/// the slices CubeCL had cached are reserved, cached engine blocks.
+/// Two layers hold memory (see the guide, `docs/src/using.md`): CubeCL's persistent pool
+/// keeps freed slices for the next tensor of the same size, and the engine owns the device
+/// segments. Before these numbers are read, CubeCL's free slices are handed back to the
+/// engine, so the engine's statistics ([`Self::engine`]) are PyTorch's: "allocated" is what
+/// live tensors hold, and the slices CubeCL had cached are reserved, cached engine blocks.
 #[derive(Clone, Debug)]
 pub struct CachingMemoryStats {
     /// PyTorch's full statistics (allocation, segment, active, ..., each current, peak,

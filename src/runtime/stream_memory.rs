@@ -4,8 +4,8 @@
 //! and hands it to the engine only when `cleanup(true)` walks every slice of the stream (live
 //! or free; CubeCL gives no other way to learn that a handle was dropped). Memory held in free
 //! slices is invisible to the engine: it can neither reuse it for other sizes nor coalesce it,
-//! so a stack that walks too rarely reserves more than the engine alone (up to 1.44x on the
-//! replay's traces), and one that walks at every reservation pays O(slices) per tensor.
+//! so a stack that walks too rarely reserves more than the engine alone, and one that walks at
+//! every reservation pays O(slices) per tensor.
 //!
 //! A reservation therefore goes, in order:
 //!
@@ -16,21 +16,16 @@
 //!    [`Growth::PoolOnly`], finds no free slice): a **placement reclaim**. The walk hands
 //!    the free slices back before the engine chooses where the request goes, so best fit and
 //!    coalescing see what the engine alone would see. A seen size that CubeCL's pool holds
-//!    (the steady state of a fixed-shape loop) is served from it with no walk. Seen sizes the
-//!    pool misses were left out of this rule until issue 22: on variable shapes (the replay's
-//!    `transformer-varlen`, lengths from a fixed set, so after a few steps every size is a
-//!    seen one) the engine then placed most large tensors while CubeCL still held the slices
-//!    of the previous step's lengths, and with `expandable_segments:true` the stack reserved
-//!    2488 MiB against a live peak of 1985 MiB (1.25x; the engine alone 2048 MiB). With
-//!    them it reserves 2108 MiB (1.06x), 2088 MiB (1.05x) with the exception below. The
-//!    walks are still paid from the budget below, so the work stays O(1) amortised per
-//!    reservation; what a seen-size miss adds is one pool-only attempt. No placement walk
-//!    runs when the engine caches a free block of exactly the request's rounded size: best
-//!    fit takes such a block whatever a walk hands back, and the walk would only take from
-//!    CubeCL's pool the free slices the rest of the step is about to reuse (on the replay's
-//!    `cnn-mnist` such walks kept the stack in a cycle of 1,200 to 1,400 walks per epoch, each
-//!    making the misses that paid for the next). Small requests live in 2 MiB segments,
-//!    where a late placement costs little;
+//!    (the steady state of a fixed-shape loop) is served from it with no walk. Seen sizes
+//!    the pool misses need the walk too: on variable shapes (lengths from a fixed set, so
+//!    after a few steps every size is a seen one) the engine would otherwise place most large
+//!    tensors while CubeCL still holds the slices of the previous step's lengths. What a
+//!    seen-size miss adds is one pool-only attempt; the walks are paid from the budget below.
+//!    No placement walk runs when the engine caches a free block of exactly the request's
+//!    rounded size: best fit takes such a block whatever a walk hands back, and the walk
+//!    would only take from CubeCL's pool the free slices the rest of the step is about to
+//!    reuse, which makes the misses that pay for the next walk (a cycle of walks). Small
+//!    requests live in 2 MiB segments, where a late placement costs little;
 //! 2. to CubeCL's exact-size reuse, else the engine's cache only ([`Growth::CacheOnly`]);
 //! 3. when the engine would grow, to a **growth reclaim**, then to the engine with growth
 //!    allowed short of flushing its cache ([`Growth::BeforeFlush`]: new device memory, the
@@ -59,16 +54,13 @@
 //!   most about `GROWTH_STEP` x ln(growth factor) such walks while memory only grows, each in
 //!   front of a device allocation anyway.
 //!
-//! On the replay's generated traces this keeps `caching-stack` within 9 % of the engine
-//! alone's peak reserved memory but on `cnn-mnist` (22 against 18 MiB), and at most CubeCL's
-//! own pool's on every recorded Burn trace (README, Results). The credit per reservation is
-//! the trade between the two costs: a walk visits every slice of the stream, about 85 ns
-//! each on the replay's machine, so the walks cost about `CREDIT_PER_RESERVE` x 85 ns per
-//! reservation. With 4 they were 40 % of the stack's time on `cnn-mnist` and 68 % on
-//! `random-loguniform`; 2 halves that for 190 MiB more on `random-loguniform` (2408 against
-//! 2218 MiB, CubeCL's pool 2616; 2396 with the exact-fit rule of step 1), and 1 let the
-//! free slices of varying shapes pile up (`transformer-varlen` with expandable segments
-//! 2448 MiB, 1.23x its live peak, against 2146 with 2; 2088 with the exact-fit rule too).
+//! The credit per reservation is the trade between reserved memory and CPU: a walk visits
+//! every slice of the stream, so the walks cost about `CREDIT_PER_RESERVE` slice-visits per
+//! reservation. A larger credit walks more often than the traces need (the walks dominate the
+//! stack's time on traces of many new sizes); a smaller one lets the free slices of varying
+//! shapes pile up in CubeCL's pool. The measurements behind 2 (and the new-size credit of 32)
+//! are in the guide's benchmarks chapter (`docs/src/benchmarks.md`, "The stack against
+//! CubeCL's pool").
 //!
 //! While the engine records its history ([`ReclaimPolicy::EveryReserve`]), the stream reclaims
 //! before every reservation instead: CubeCL's exact-size reuse is bypassed, so every tensor's

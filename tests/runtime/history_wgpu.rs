@@ -154,7 +154,7 @@ fn stacks_of_blocks_allocated_through_burn_name_the_models_forward() {
 
     // The pickle and the viewer carry the model's frames. With HISTORY_VIEWER_OUT set, the
     // page is written there and the output's block named for `#select=S:B` (how
-    // docs/viewer-model-frames.png was rendered).
+    // docs/src/images/viewer-model-frames.png was rendered).
     let page = inspect::viewer_html(&snapshot, "TinyModel on CachingWgpuUnfused", &[]);
     if let Some(path) = std::env::var_os("HISTORY_VIEWER_OUT") {
         std::fs::write(&path, &page).expect("viewer written");

@@ -30,7 +30,8 @@ pub struct MemoryDumps {
     pub snapshot: Option<std::path::PathBuf>,
     /// The offline HTML viewer.
     pub viz: Option<std::path::PathBuf>,
-    /// Record a stack with every allocation (larger files; see the README for what they hold).
+    /// Record a stack with every allocation (larger files; docs/src/seeing-memory.md says what
+    /// they hold).
     pub stacks: bool,
 }
 

@@ -2,14 +2,11 @@
 //!
 //! PyTorch's pools never lend to each other: a miss in one pool allocates device memory while
 //! the other pool may cache free memory that would serve it, until `empty_cache` or an
-//! out-of-memory flush returns it. On variable shapes this is where reserved memory goes.
-//! Burn's transformer on varying sequence lengths, its recorded trace
-//! (`burn-transformer-varlen-wgpu`), through the engine alone: a 1.42 MiB request makes a new
-//! 4 MiB large-pool segment while three empty 2 MiB small-pool segments sit in the cache,
-//! and a 242 KiB request makes a small segment beside an empty 2 MiB large-pool one; through
-//! the runtime's stack, on a 10-step trace of the same model, 1.3 MiB requests make new
-//! segments while small segments hold almost nothing but a few pinned tensors (2009 KiB free
-//! of 2 MiB).
+//! out-of-memory flush returns it. On variable shapes this is where reserved memory goes: on
+//! Burn's transformer with varying sequence lengths, requests of a little over 1 MiB make new
+//! large-pool segments while empty 2 MiB small-pool segments sit in the cache, and small
+//! requests make new small segments beside an empty 2 MiB large-pool one (the measurements
+//! are in the guide's benchmarks chapter, `docs/src/benchmarks.md`).
 //!
 //! With `pool_borrowing:true` (the default), a miss that would allocate device memory (not a
 //! cache-only request) first borrows:
