@@ -12,7 +12,7 @@ use crate::MIB;
 use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::Tensor;
 use burn_caching_alloc::alloc::{AllocatorConfig, ConfigError, PoolKind};
-use burn_caching_alloc::backend::{self, CachingWgpu, ConfigureError};
+use burn_caching_alloc::backend::{self, CachingWgpu, CachingWgpuUnfused, ConfigureError};
 
 use crate::support::child::in_child;
 use crate::support::lavapipe::cpu_device;
@@ -128,6 +128,8 @@ fn a_settings_change_on_an_open_device_changes_the_next_layout() {
     if !in_child(test, &[(CONF, Some(OsStr::new("pool_borrowing:false")))]) {
         return;
     }
+    // Unfused: each tensor is allocated when it is made (a fused `ones` that nothing reads
+    // is never executed).
     const FLOATS_PER_MIB: usize = (MIB / 4) as usize;
     // Large-pool segments: (total size, allocated size), by address.
     let large_segments = |device: &WgpuDevice| -> Vec<(u64, u64)> {
@@ -138,11 +140,11 @@ fn a_settings_change_on_an_open_device_changes_the_next_layout() {
             .map(|s| (s.total_size, s.allocated_size))
             .collect()
     };
-    let big = Tensor::<CachingWgpu, 1>::ones([40 * FLOATS_PER_MIB], &cpu);
+    let big = Tensor::<CachingWgpuUnfused, 1>::ones([40 * FLOATS_PER_MIB], &cpu);
     drop(big);
     assert_eq!(large_segments(&cpu), vec![(40 * MIB, 0)]);
 
-    let before = Tensor::<CachingWgpu, 1>::ones([20 * FLOATS_PER_MIB], &cpu);
+    let before = Tensor::<CachingWgpuUnfused, 1>::ones([20 * FLOATS_PER_MIB], &cpu);
     assert_eq!(large_segments(&cpu), vec![(40 * MIB, 20 * MIB)], "split");
     drop(before);
     assert_eq!(large_segments(&cpu), vec![(40 * MIB, 0)]);
@@ -154,7 +156,7 @@ fn a_settings_change_on_an_open_device_changes_the_next_layout() {
         Some(32 * MIB)
     );
     assert!(!backend::allocator_settings(&cpu).pool_borrowing, "kept");
-    let after = Tensor::<CachingWgpu, 1>::ones([20 * FLOATS_PER_MIB], &cpu);
+    let after = Tensor::<CachingWgpuUnfused, 1>::ones([20 * FLOATS_PER_MIB], &cpu);
     let mut layout = large_segments(&cpu);
     layout.sort();
     assert_eq!(

@@ -66,7 +66,9 @@ impl<D: DeviceMemory> Engine<D> {
             .count() as u64;
         // As a change of the current value, so that `allocated - freed` stays its change.
         let recount = |stat: &mut crate::alloc::stats::Stat, value: u64| {
-            stat.change(crate::alloc::stats::signed(value) - crate::alloc::stats::signed(stat.current));
+            stat.change(
+                crate::alloc::stats::signed(value) - crate::alloc::stats::signed(stat.current),
+            );
         };
         recount(&mut self.stats.oversize_segments, segments);
         recount(&mut self.stats.oversize_allocations, allocations);
