@@ -396,6 +396,26 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         self.engine.lock().set_memory_fraction(fraction)
     }
 
+    /// Changes settings of this allocator while it runs (PyTorch's
+    /// `torch.cuda.memory._set_allocator_settings`): `settings` is a `key:value,...` string
+    /// with the keys of [`AllocatorConfig::parse`]; each key it names takes its new value for
+    /// the decisions made after the call, the others keep theirs. What was placed before
+    /// stays as it is: blocks keep their size, segments their kind (`expandable_segments`
+    /// applies to segments made after the call), and a lower memory fraction caps the next
+    /// device allocation without giving back what is reserved. A change of `record_history`
+    /// or `history_capacity` restarts the recording with the new options. A string that does
+    /// not parse, or a key the device cannot serve now (`expandable_segments` without virtual
+    /// memory, a fraction of a total the device cannot report), is an error and changes
+    /// nothing.
+    pub fn set_allocator_settings(&self, settings: &str) -> Result<(), ConfigError> {
+        let mut engine = self.engine.lock();
+        let (config, keys) = engine.config().with_settings(settings)?;
+        engine.set_config(config, &keys)?;
+        self.stack_context
+            .store(context_level(&engine.config().history), Ordering::Relaxed);
+        Ok(())
+    }
+
     /// A copy of the configuration in use.
     pub fn config(&self) -> AllocatorConfig {
         self.engine.lock().config().clone()

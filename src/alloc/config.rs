@@ -213,6 +213,13 @@ pub struct AllocatorConfig {
     /// written before the key existed used PyTorch's rule and read back as it.
     #[serde(default)]
     pub cross_stream_reuse: bool,
+    /// PyTorch's `throw_on_cudamalloc_oom` (off by default): with a memory fraction below 1, a
+    /// request whose new device memory would take reserved memory above the fraction's cap
+    /// fails at once with [`AllocError::Rejected`](crate::alloc::AllocError::Rejected),
+    /// without the cache flush and retry that would stall every stream of the device
+    /// (counted in `num_oom_rejections`). Without a fraction below 1 it changes nothing.
+    #[serde(default)]
+    pub throw_on_cudamalloc_oom: bool,
 }
 
 /// The rule of configurations serialised before `segment_sizing` existed.
@@ -233,6 +240,7 @@ impl Default for AllocatorConfig {
             segment_sizing: SegmentSizing::Grow,
             pool_borrowing: true,
             cross_stream_reuse: true,
+            throw_on_cudamalloc_oom: false,
         }
     }
 }
@@ -252,8 +260,18 @@ impl AllocatorConfig {
 
     /// Parses a comma-separated `key:value` string; an empty string gives the defaults.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let mut config = Self::default();
-        let mut seen: Vec<String> = Vec::new();
+        Self::default()
+            .with_settings(text)
+            .map(|(config, _)| config)
+    }
+
+    /// This configuration with the keys of `text` (the same `key:value` string as
+    /// [`parse`](Self::parse)) set over it, and the keys `text` named, in its order. Keys it
+    /// does not name keep their value here. Used to change an open allocator's settings
+    /// (`CachingAllocator::set_allocator_settings`).
+    pub fn with_settings(&self, text: &str) -> Result<(Self, Vec<&'static str>), ConfigError> {
+        let mut config = self.clone();
+        let mut seen: Vec<&'static str> = Vec::new();
         for item in split_items(text)? {
             let (key, value) = item.split_once(':').ok_or_else(|| ConfigError::Malformed {
                 item: item.to_string(),
@@ -266,13 +284,12 @@ impl AllocatorConfig {
                     reason: "expected a non-empty key and value".into(),
                 });
             }
-            if seen.iter().any(|k| k == key) {
+            if seen.contains(&key) {
                 return Err(ConfigError::Duplicate { key: key.into() });
             }
-            config.apply(key, value)?;
-            seen.push(key.to_string());
+            seen.push(config.apply(key, value)?);
         }
-        Ok(config)
+        Ok((config, seen))
     }
 
     /// Checks what the configuration string's parser checks, for a configuration built in
@@ -320,9 +337,11 @@ impl AllocatorConfig {
         Ok(())
     }
 
-    fn apply(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+    /// Sets `key` from `value`; the key's name as the table spells it.
+    fn apply(&mut self, key: &str, value: &str) -> Result<&'static str, ConfigError> {
         if let Some(row) = KEYS.iter().find(|row| row.name == key) {
-            return (row.apply)(self, key, value);
+            (row.apply)(self, key, value)?;
+            return Ok(row.name);
         }
         if UNSUPPORTED_KEYS.contains(&key) {
             return Err(ConfigError::Unsupported {
@@ -355,7 +374,7 @@ macro_rules! key {
 }
 
 /// Every key the configuration string accepts, one row each (a new key is a new row).
-const KEYS: [Key; 11] = [
+const KEYS: [Key; 12] = [
     key!("expandable_segments", |config, key, value| {
         config.expandable_segments = parse_true_false(key, value)?
     }),
@@ -371,6 +390,9 @@ const KEYS: [Key; 11] = [
     }),
     key!("cross_stream_reuse", |config, key, value| {
         config.cross_stream_reuse = parse_true_false(key, value)?
+    }),
+    key!("throw_on_cudamalloc_oom", |config, key, value| {
+        config.throw_on_cudamalloc_oom = parse_true_false(key, value)?
     }),
     key!("max_split_size_mb", |config, key, value| {
         config.max_split_size = Some(parse_megabytes(key, value)?)

@@ -43,6 +43,36 @@ pub enum AllocError {
         /// Why: the largest free block, fragmentation, and advice (boxed: errors stay small).
         diagnosis: Box<OomDiagnosis>,
     },
+    /// `throw_on_cudamalloc_oom` with a memory fraction below 1: the new device memory the
+    /// request needed would have taken reserved memory above the fraction's cap, so it failed
+    /// at once, without flushing the cache or retrying (PyTorch's preemptive rejection,
+    /// counted in `num_oom_rejections`, not in `num_ooms`).
+    #[error(
+        "out of memory, rejected at once (throw_on_cudamalloc_oom): tried to allocate {} \
+         ({requested} bytes), which needs {} of new device memory, but {} is reserved and \
+         the per-process memory fraction allows {} of the device's {}; {} of the reserved \
+         memory is cached, unallocated (the cache was not flushed)",
+        format_bytes(*requested),
+        format_bytes(*needed),
+        format_bytes(*reserved),
+        format_bytes(*limit),
+        format_bytes(*device_total),
+        format_bytes(reserved - allocated)
+    )]
+    Rejected {
+        /// The requested size, in bytes.
+        requested: u64,
+        /// The new device memory the request needed (a segment, or pages to map), in bytes.
+        needed: u64,
+        /// Bytes this allocator reserved from the device at the time.
+        reserved: u64,
+        /// Bytes allocated by this allocator at the time.
+        allocated: u64,
+        /// The cap set by the per-process memory fraction, in bytes.
+        limit: u64,
+        /// Total device memory as the device reports it, in bytes.
+        device_total: u64,
+    },
     /// A free of an allocation that is not live in this allocator.
     #[error(
         "invalid free of allocation {id}: it is not live in this allocator (freed twice, or from another allocator)"
@@ -183,15 +213,20 @@ impl std::fmt::Display for OomAdvice {
         f.write_str(match self {
             OomAdvice::ExpandableSegments => {
                 "the free memory would hold the request if it were contiguous; try \
-                 `expandable_segments:True` to avoid fragmentation"
+                 `expandable_segments:True` to avoid fragmentation (on an open device: \
+                 `backend::set_allocator_settings(&device, \"expandable_segments:True\")`, \
+                 for segments made after the call)"
             }
             OomAdvice::MaxSplitSize => {
                 "large cached blocks were split by smaller requests; try `max_split_size_mb` \
-                 (e.g. the request's size in MiB) to keep large blocks whole"
+                 (e.g. the request's size in MiB) to keep large blocks whole (on an open \
+                 device: `backend::set_allocator_settings(&device, \"max_split_size_mb:N\")`)"
             }
             OomAdvice::GarbageCollectionThreshold => {
                 "the cache was flushed and requests retried before this one; try \
-                 `garbage_collection_threshold:0.8` to free old cached blocks earlier"
+                 `garbage_collection_threshold:0.8` to free old cached blocks earlier (on an \
+                 open device: `backend::set_allocator_settings(&device, \
+                 \"garbage_collection_threshold:0.8\")`)"
             }
         })
     }
@@ -248,11 +283,15 @@ impl AllocError {
     /// Whether this is an out-of-memory: [`AllocError::OutOfMemory`], or
     /// [`AllocError::TooLarge`], a request no device memory could ever hold. PyTorch learns the
     /// latter only when `cudaMalloc` fails and treats it as any out-of-memory (`num_ooms`, the
-    /// observers, the OOM snapshot); so does this allocator, which only knows it earlier.
+    /// observers, the OOM snapshot); so does this allocator, which only knows it earlier. A
+    /// [`AllocError::Rejected`] request is one too (the observers and the snapshot see it,
+    /// and the error says why), counted in `num_oom_rejections` instead of `num_ooms`.
     pub fn is_out_of_memory(&self) -> bool {
         matches!(
             self,
-            AllocError::OutOfMemory { .. } | AllocError::TooLarge { .. }
+            AllocError::OutOfMemory { .. }
+                | AllocError::TooLarge { .. }
+                | AllocError::Rejected { .. }
         )
     }
 }

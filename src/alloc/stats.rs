@@ -173,6 +173,11 @@ pub struct MemoryStats {
     /// allocation (`cross_stream_reuse`; not a PyTorch statistic).
     #[serde(default)]
     pub num_stream_shares: u64,
+    /// Requests refused at once, without flushing the cache, because their new device memory
+    /// would take reserved memory over the memory fraction's cap (`throw_on_cudamalloc_oom`;
+    /// PyTorch's `num_oom_rejections`). Not counted in `num_ooms`.
+    #[serde(default)]
+    pub num_oom_rejections: u64,
     /// The configured `max_split_size` in bytes, -1 when unlimited (PyTorch's int64 value).
     pub max_split_size: i64,
 }
@@ -312,7 +317,7 @@ pub(crate) const SINGLES: [SingleField; 2] = [
 ];
 
 /// Every counter; the labelled ones in the summary's order, two to a line.
-pub(crate) const COUNTERS: [Counter; 7] = [
+pub(crate) const COUNTERS: [Counter; 8] = [
     field!(Counter num_ooms, label: Some("Out-of-memory errors")),
     field!(Counter num_alloc_retries, label: Some("Device allocation retries")),
     field!(Counter num_device_alloc, label: Some("Device allocations")),
@@ -320,6 +325,7 @@ pub(crate) const COUNTERS: [Counter; 7] = [
     field!(Counter num_sync_all_streams, label: None),
     field!(Counter num_pool_borrows, label: None),
     field!(Counter num_stream_shares, label: None),
+    field!(Counter num_oom_rejections, label: None),
 ];
 
 /// A count or byte amount as PyTorch's int64 (amounts never come near `i64::MAX`).

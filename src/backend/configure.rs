@@ -3,8 +3,9 @@
 //! Precedence when a device opens: the configuration given to [`configure`] for that device,
 //! else `BURN_CACHING_ALLOC_CONF`, else the defaults. `BURN_CACHING_ALLOC_TRACE` turns history
 //! recording on in every case, and `BURN_CACHING_ALLOC_OOM_SNAPSHOT` applies in every case.
-//! The configuration is fixed when the device opens (its first tensor, or any call of this
-//! module's API): a later `configure` is an error, never a silent ignore.
+//! `configure` gives the configuration a device opens with (its first tensor, or any call of
+//! this module's API): a later `configure` is an error, never a silent ignore. An open
+//! device's settings change with `backend::set_allocator_settings`.
 
 use crate::alloc::{AllocatorConfig, ConfigError};
 use crate::runtime::registry;
@@ -17,8 +18,9 @@ use super::CachingDevice;
 pub enum ConfigureError {
     /// The device is already open (or opening): its configuration was fixed then.
     #[error(
-        "{device} is already open: its allocator configuration was fixed when it opened; call \
-         configure before the device's first use"
+        "{device} is already open: configure gives the configuration a device opens with; call \
+         it before the device's first use, or change the open device's settings with \
+         backend::set_allocator_settings"
     )]
     AlreadyOpen {
         /// The device, as `Debug` prints it.

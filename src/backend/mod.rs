@@ -147,7 +147,7 @@ use std::path::{Path, PathBuf};
 use cubecl_runtime::runtime::Runtime;
 
 use crate::alloc::inspect::{InspectError, ViewerLayer};
-use crate::alloc::{AllocError, ConfigError, HistoryOptions, Snapshot};
+use crate::alloc::{AllocError, AllocatorConfig, ConfigError, HistoryOptions, Snapshot};
 use crate::runtime::env::TRACE_ENV;
 use device::{Settled, opened, settled};
 
@@ -301,6 +301,40 @@ pub fn set_per_process_memory_fraction<Dev: CachingDevice>(
     fraction: f64,
 ) -> Result<(), ConfigError> {
     opened(device).allocator.set_memory_fraction(fraction)
+}
+
+/// Changes `device`'s allocator settings now (PyTorch's
+/// `torch.cuda.memory._set_allocator_settings`): `settings` is a `key:value,...` string with
+/// the keys of `BURN_CACHING_ALLOC_CONF` (`max_split_size_mb`, `roundup_power2_divisions`,
+/// `garbage_collection_threshold`, `per_process_memory_fraction`, `segment_sizing`,
+/// `pool_borrowing`, `record_history`, `history_capacity`, `throw_on_cudamalloc_oom`,
+/// `expandable_segments`, ...). The calling thread's fusion queue on the device is drained
+/// and the server runs everything submitted before first, so operations queued before the
+/// call are placed under the old settings and every later decision under the new ones. What
+/// was placed before stays as it is (`expandable_segments` applies to segments made after
+/// the call). See `CachingAllocator::set_allocator_settings` for each key.
+///
+/// ```ignore
+/// backend::set_allocator_settings(&device, "max_split_size_mb:64,garbage_collection_threshold:0.8")?;
+/// assert_eq!(backend::allocator_settings(&device).max_split_size, Some(64 << 20));
+/// ```
+///
+/// # Errors
+/// A string that does not parse, or a key the device cannot serve now (`expandable_segments`
+/// on wgpu, which has no virtual memory; a fraction of a total the device cannot report):
+/// nothing changes then.
+pub fn set_allocator_settings<Dev: CachingDevice>(
+    device: &Dev,
+    settings: &str,
+) -> Result<(), ConfigError> {
+    opened(device).allocator.set_allocator_settings(settings)
+}
+
+/// The configuration `device`'s allocator runs with now: what it opened with, changed by
+/// [`set_allocator_settings`], [`set_per_process_memory_fraction`] and
+/// [`record_memory_history`].
+pub fn allocator_settings<Dev: CachingDevice>(device: &Dev) -> AllocatorConfig {
+    opened(device).allocator.config()
 }
 
 /// Why a trace could not be written.

@@ -11,8 +11,8 @@ use std::ffi::OsStr;
 use crate::MIB;
 use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::Tensor;
-use burn_caching_alloc::alloc::{AllocatorConfig, ConfigError};
-use burn_caching_alloc::backend::{self, CachingWgpu, ConfigureError};
+use burn_caching_alloc::alloc::{AllocatorConfig, ConfigError, PoolKind};
+use burn_caching_alloc::backend::{self, CachingWgpu, CachingWgpuUnfused, ConfigureError};
 
 use crate::support::child::in_child;
 use crate::support::lavapipe::cpu_device;
@@ -112,4 +112,70 @@ fn an_invalid_configuration_is_refused_before_the_device_opens() {
         ),
         "{err}"
     );
+}
+
+/// `backend::set_allocator_settings` on an open device changes the next placement: a 20 MiB
+/// tensor splits a cached 40 MiB block under the default (unlimited) `max_split_size`, and
+/// after `max_split_size_mb:32` it takes a segment of its own (PyTorch's `get_free_block`:
+/// a request under the limit never takes a block at or above it). `allocator_settings` says
+/// what is in force; a key wgpu cannot serve is refused and changes nothing.
+#[test]
+fn a_settings_change_on_an_open_device_changes_the_next_layout() {
+    let Some((cpu, _turn)) = cpu_device() else {
+        return;
+    };
+    let test = "configure_wgpu::a_settings_change_on_an_open_device_changes_the_next_layout";
+    if !in_child(test, &[(CONF, Some(OsStr::new("pool_borrowing:false")))]) {
+        return;
+    }
+    // Unfused: each tensor is allocated when it is made (a fused `ones` that nothing reads
+    // is never executed).
+    const FLOATS_PER_MIB: usize = (MIB / 4) as usize;
+    // Large-pool segments: (total size, allocated size), by address.
+    let large_segments = |device: &WgpuDevice| -> Vec<(u64, u64)> {
+        backend::memory_snapshot(device)
+            .segments
+            .iter()
+            .filter(|s| s.pool == PoolKind::Large)
+            .map(|s| (s.total_size, s.allocated_size))
+            .collect()
+    };
+    let big = Tensor::<CachingWgpuUnfused, 1>::ones([40 * FLOATS_PER_MIB], &cpu);
+    drop(big);
+    assert_eq!(large_segments(&cpu), vec![(40 * MIB, 0)]);
+
+    let before = Tensor::<CachingWgpuUnfused, 1>::ones([20 * FLOATS_PER_MIB], &cpu);
+    assert_eq!(large_segments(&cpu), vec![(40 * MIB, 20 * MIB)], "split");
+    drop(before);
+    assert_eq!(large_segments(&cpu), vec![(40 * MIB, 0)]);
+
+    assert_eq!(backend::allocator_settings(&cpu).max_split_size, None);
+    backend::set_allocator_settings(&cpu, "max_split_size_mb:32").expect("a key that changes");
+    assert_eq!(
+        backend::allocator_settings(&cpu).max_split_size,
+        Some(32 * MIB)
+    );
+    assert!(!backend::allocator_settings(&cpu).pool_borrowing, "kept");
+    let after = Tensor::<CachingWgpuUnfused, 1>::ones([20 * FLOATS_PER_MIB], &cpu);
+    let mut layout = large_segments(&cpu);
+    layout.sort();
+    assert_eq!(
+        layout,
+        vec![(20 * MIB, 20 * MIB), (40 * MIB, 0)],
+        "a segment of its own"
+    );
+    assert_eq!(max_split_size(&cpu), 32 * MIB as i64);
+    assert_eq!(
+        backend::memory_stats(&cpu).engine.oversize_segments.current,
+        1
+    );
+
+    let err = backend::set_allocator_settings(&cpu, "expandable_segments:True").unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::Unsupported { key, .. } if key == "expandable_segments"),
+        "{err}"
+    );
+    assert!(!backend::allocator_settings(&cpu).expandable_segments);
+    drop(after);
+    backend::empty_cache(&cpu);
 }

@@ -54,6 +54,11 @@ impl<D: DeviceMemory> Engine<D> {
             PoolKind::Large => return None,
             PoolKind::Small => self.empty_small_sized_large_segment(stream)?,
         };
+        // A segment made expandable before a settings change turned them off maps its own
+        // pages: it is never lent.
+        if self.in_expandable_segment(block) {
+            return None;
+        }
         self.unlist(block);
         if self.blocks.pool(block) == PoolKind::Large {
             let size = self.blocks[block].size();

@@ -34,6 +34,7 @@ mod placement;
 mod release;
 mod self_check;
 mod sharing;
+mod settings;
 mod snapshot;
 
 use crate::alloc::block::{BlockId, BlockState, Blocks};
@@ -399,7 +400,7 @@ impl<D: DeviceMemory> Engine<D> {
         }
 
         let flush = growth == MissPath::Allowed;
-        match self.grow(new_segment, pool, stream, rounded, flush) {
+        match self.grow(new_segment, pool, stream, (size, rounded), flush) {
             Ok(Some(block)) => Ok(Some(self.allocate_block(block, rounded, size))),
             Ok(None) if !flush => Ok(None),
             Ok(None) => Err(self.out_of_memory(size, stream)),
@@ -409,14 +410,15 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// Steps 3 to 6 of the miss path (to 5 without `flush`): a new segment of `new_segment`
-    /// bytes for a block of `rounded` bytes, freeing cache as needed; `None` when even that
-    /// fails.
+    /// bytes for a request of `size` bytes (a block of `rounded`), freeing cache as needed;
+    /// `None` when even that fails. With `throw_on_cudamalloc_oom`, a device allocation over
+    /// the memory fraction's cap fails at once instead (see [`Engine::reject_over_cap`]).
     fn grow(
         &mut self,
         new_segment: u64,
         pool: PoolKind,
         stream: DeviceStream,
-        rounded: u64,
+        (size, rounded): (u64, u64),
         flush: bool,
     ) -> Result<Option<BlockId>, AllocError> {
         if let Some(block) = self.borrow_from_other_pool(pool, stream, rounded) {
@@ -428,6 +430,7 @@ impl<D: DeviceMemory> Engine<D> {
         if self.gc_enabled() {
             self.collect_garbage()?;
         }
+        self.reject_over_cap(size, new_segment, stream)?;
         let mut block = self.new_memory(new_segment, pool, stream, rounded)?;
         if block.is_none() && self.release_oversize_blocks(pool, stream, rounded)? {
             block = self.new_memory(new_segment, pool, stream, rounded)?;
@@ -461,6 +464,48 @@ impl<D: DeviceMemory> Engine<D> {
             return Ok(None);
         }
         self.allocate_expandable(pool, stream, rounded)
+    }
+
+    /// PyTorch's `throw_on_cudamalloc_oom` (its preemptive rejection in `alloc_block`): with
+    /// the key on and a memory fraction below 1, new device memory of `needed` bytes that
+    /// would take reserved memory above the cap is refused at once, before any device call and
+    /// without releasing oversize blocks or flushing the cache: [`AllocError::Rejected`],
+    /// counted in `num_oom_rejections` (not `num_ooms`), with an `oom` trace entry. The steps
+    /// before it (the cache, borrowing, garbage collection) have run, as PyTorch's do before
+    /// `alloc_block`.
+    fn reject_over_cap(
+        &mut self,
+        size: u64,
+        needed: u64,
+        stream: DeviceStream,
+    ) -> Result<(), AllocError> {
+        if !self.config.throw_on_cudamalloc_oom {
+            return Ok(());
+        }
+        let Some(limit) = self.fraction_limit() else {
+            return Ok(());
+        };
+        let reserved = self.stats.memory_reserved();
+        if reserved + needed <= limit {
+            return Ok(());
+        }
+        self.stats.num_oom_rejections += 1;
+        let (rounded, _) = self.block_for(size);
+        let device_free = self.device.memory_info().ok().map_or(0, |i| i.free);
+        self.record(|| TraceEvent::Oom {
+            size,
+            stream: stream.0,
+            rounded,
+            device_free,
+        });
+        Err(AllocError::Rejected {
+            requested: size,
+            needed,
+            reserved,
+            allocated: self.stats.memory_allocated(),
+            limit,
+            device_total: self.device_total().unwrap_or(0),
+        })
     }
 
     /// The block of live allocation `id`, which was handed out as `block`; an error if that

@@ -105,13 +105,16 @@ impl<D: DeviceMemory> Engine<D> {
         self.free_list(pool).insert(stream, size, address, block);
     }
 
-    fn should_split(&self, pool: PoolKind, block_size: u64, rounded: u64) -> bool {
-        let remaining = block_size - rounded;
-        match pool {
+    fn should_split(&self, block: BlockId, rounded: u64) -> bool {
+        let remaining = self.blocks[block].size() - rounded;
+        match self.blocks.pool(block) {
             PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
             // PyTorch's `should_split` compares the request, not the block: a request under
-            // `max_split_size` splits even a block at or above it.
-            PoolKind::Large if self.expandable() => remaining >= MIN_BLOCK_SIZE,
+            // `max_split_size` splits even a block at or above it. A block of an expandable
+            // segment always splits (PyTorch asks whether expandable segments are on; here
+            // the block's segment says, since segments made before a settings change keep
+            // their kind).
+            PoolKind::Large if self.in_expandable_segment(block) => remaining >= MIN_BLOCK_SIZE,
             PoolKind::Large => rounded < self.max_split() && remaining > SMALL_SIZE,
         }
     }
@@ -146,7 +149,7 @@ impl<D: DeviceMemory> Engine<D> {
         let before = self.inactive_split_share(block);
         let mut after = (0, 0);
         let block_size = self.blocks[block].size();
-        if self.should_split(pool, block_size, rounded) {
+        if self.should_split(block, rounded) {
             let remainder =
                 self.blocks
                     .split_off(block, End::Back, block_size - rounded, Backing::Mapped);

@@ -70,7 +70,8 @@ pub(super) fn reserve<D: Driver>(
 /// that can never fit, and for an out-of-memory the engine's numbers with CubeCL's layer.
 fn reserve_error<D: Driver>(streams: &Streams<D>, size: u64, failure: ReserveError) -> ServerError {
     match &failure.engine {
-        Some(err @ AllocError::TooLarge { .. }) => {
+        // Refused before anything was given back (`throw_on_cudamalloc_oom`): its own words.
+        Some(err @ (AllocError::TooLarge { .. } | AllocError::Rejected { .. })) => {
             return ServerError::Generic {
                 reason: format!("caching allocator: {err}"),
                 backtrace: BackTrace::capture(),

@@ -302,7 +302,10 @@ fn tune_all<R: ReplayDevice>(device: &R, args: &Args, traces: &[NamedTrace]) -> 
     if best.is_empty() {
         println!("Best: the default rules (leave {CONFIG_ENV} unset):\n\n{CONFIG_ENV}=");
     } else {
-        println!("Best configuration:\n\n{CONFIG_ENV}={best}");
+        println!(
+            "Best configuration:\n\n{CONFIG_ENV}={best}\n\nor, on a device already open:\n\n\
+             burn_caching_alloc::backend::set_allocator_settings(&device, \"{best}\")?;"
+        );
     }
     Ok(())
 }

@@ -210,6 +210,11 @@ fn data(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> Value {
         ],
         ["num_ooms", "Out-of-memory errors", stats.num_ooms],
         [
+            "num_oom_rejections",
+            "Requests rejected at the memory cap",
+            stats.num_oom_rejections
+        ],
+        [
             "num_device_alloc",
             "Device allocations",
             stats.num_device_alloc
