@@ -1069,6 +1069,8 @@ fn looking_up_an_existing_stream_takes_no_engine_lock() {
     assert!(looked_up.is_ok(), "the lookup waited for the engine's lock");
     drop(buffer);
     drop(h);
+}
+
 #[test]
 fn rounds_of_new_threads_reuse_the_memory_of_the_threads_that_are_gone() {
     // A data loader's workers, epoch after epoch: every round's threads are new CubeCL
