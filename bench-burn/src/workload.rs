@@ -293,7 +293,7 @@ mod tests {
     #[test]
     fn names_round_trip() {
         for w in Workload::ALL {
-            assert_eq!(Workload::from_name(w.name()), Some(w));
+            assert_eq!(Workload::from_name(&w.name()), Some(w));
         }
         assert_eq!(Workload::from_name("resnet"), None);
         for shape in VARLEN_FAMILY {

@@ -68,7 +68,13 @@ fn more_streams_than_the_bound_are_refused() {
     let mut events: Vec<TraceEvent> = (0..MAX_STREAMS as u64)
         .map(|s| malloc(s, 512, s * 1_000_003))
         .collect();
-    assert!(Program::compile(&Trace { events: events.clone(), dropped: 0 }).is_ok());
+    assert!(
+        Program::compile(&Trace {
+            events: events.clone(),
+            dropped: 0
+        })
+        .is_ok()
+    );
     events.push(malloc(u64::MAX, 512, u64::MAX));
     assert_eq!(
         Program::compile(&Trace { events, dropped: 0 }).err(),

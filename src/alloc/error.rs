@@ -345,7 +345,10 @@ mod tests {
          before failing). Why: the request needs a block of 14.00 MiB; the largest free block \
          is 2.00 MiB, and 3.00 MiB of the reserved-but-unallocated memory is in free blocks \
          too small for it (fragmentation). Advice: the free memory would hold the request if \
-         it were contiguous; try `expandable_segments:True` to avoid fragmentation. Advice: \
-         large cached blocks were split by smaller requests; try `max_split_size_mb` (e.g. \
-         the request's size in MiB) to keep large blocks whole.";
+         it were contiguous; try `expandable_segments:True` to avoid fragmentation (on an \
+         open device: `backend::set_allocator_settings(&device, \"expandable_segments:True\")`, \
+         for segments made after the call). Advice: large cached blocks were split by smaller \
+         requests; try `max_split_size_mb` (e.g. the request's size in MiB) to keep large \
+         blocks whole (on an open device: `backend::set_allocator_settings(&device, \
+         \"max_split_size_mb:N\")`).";
 }

@@ -33,8 +33,8 @@ mod expandable;
 mod placement;
 mod release;
 mod self_check;
-mod sharing;
 mod settings;
+mod sharing;
 mod snapshot;
 
 use crate::alloc::block::{BlockId, BlockState, Blocks};

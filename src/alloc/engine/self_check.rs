@@ -44,7 +44,7 @@ impl<D: DeviceMemory> Engine<D> {
         self.check_stats()
     }
 
-    /// Each stream's live count (kept while `cross_stream_reuse` is on) against a recount of
+    /// Each stream's live count (kept whatever the settings) against a recount of
     /// the allocated and pending-free blocks of its segments, and no block stamped with a
     /// free its stream has not counted yet.
     fn check_stream_table(&self) -> Result<(), String> {

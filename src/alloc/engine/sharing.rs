@@ -97,26 +97,24 @@ impl<D: DeviceMemory> Engine<D> {
         self.config.cross_stream_reuse && !self.expandable()
     }
 
-    /// A block of `stream` was handed out.
+    /// A block of `stream` was handed out. Counted whatever the settings: sharing can be
+    /// turned on at run time (`set_allocator_settings`), and a block freed while it was off
+    /// must not look covered by a fence that never saw its stream's work.
     pub(super) fn note_allocated(&mut self, stream: DeviceStream) {
-        if self.sharing() {
-            let i = self.streams.index(stream);
-            self.streams.streams[i].live += 1;
-        }
+        let i = self.streams.index(stream);
+        self.streams.streams[i].live += 1;
     }
 
-    /// Block `block` of `stream` became free (after merging): stamps it, and records the
-    /// stream's fence when this was its last live block.
+    /// Block `block` of `stream` became free (after merging): stamps it (whatever the
+    /// settings, as [`note_allocated`](Self::note_allocated) counts), and, while sharing is on,
+    /// records the stream's fence when this was its last live block.
     pub(super) fn note_freed(&mut self, block: BlockId, stream: DeviceStream) {
-        if !self.sharing() {
-            return;
-        }
         let i = self.streams.index(stream);
         let state = &mut self.streams.streams[i];
         state.live = state.live.saturating_sub(1);
         state.frees += 1;
         self.blocks[block].freed_at = state.frees;
-        if state.live == 0 && self.streams.streams.len() > 1 {
+        if state.live == 0 && self.streams.streams.len() > 1 && self.sharing() {
             // A failure leaves the stream without a new fence: a later miss tries again and
             // reports it.
             let _ = self.record_fence(i);
@@ -173,7 +171,19 @@ impl<D: DeviceMemory> Engine<D> {
                 if state.stream == stream || (state.live == 0) != idle {
                     continue;
                 }
-                if let Some(found) = self.shareable_segment(i, pool, rounded, idle)?
+                // A fence that cannot be recorded or asked (an event pool exhausted on a
+                // nearly full device) leaves that stream's cache where it is: the request
+                // goes on to new memory and the out-of-memory path, never fails here.
+                let found = match self.shareable_segment(i, pool, rounded, idle) {
+                    Ok(found) => found,
+                    Err(err) => {
+                        log::warn!(
+                            "caching allocator: a stream's fence failed ({err}); its cache stays with it"
+                        );
+                        None
+                    }
+                };
+                if let Some(found) = found
                     && best.is_none_or(|b| (found.0, found.1) < (b.0, b.1))
                 {
                     best = Some(found);
