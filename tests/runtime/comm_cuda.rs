@@ -121,7 +121,7 @@ fn a_one_rank_nccl_all_reduce_equals_the_host_paths_bytes() {
         (
             ElemType::Int(IntKind::I32),
             (0..n)
-                .flat_map(|i| (i as i32 * 37 - 5000).to_ne_bytes())
+                .flat_map(|i: i32| (i * 37 - 5000).to_ne_bytes())
                 .collect(),
         ),
         (
@@ -300,7 +300,7 @@ fn two_devices_reduce_by_nccl_and_copy_by_peer_access() {
     }
     let (d0, d1) = (CudaDevice::new(0), CudaDevice::new(1));
     let mut c0: Client = CachingCudaRuntime::client(&d0);
-    let mut c1: Client = CachingCudaRuntime::client(&d1);
+    let c1: Client = CachingCudaRuntime::client(&d1);
     // to_device 0 -> 1 by peer copy, exact.
     let data: Vec<u8> = (0..(8 << 20)).map(|i| (i % 253) as u8).collect();
     let source = c0.create_from_slice(&data);

@@ -47,10 +47,10 @@ fn hostile_idx() -> impl Strategy<Value = Vec<u8>> {
 fn read_every_way(bytes: &[u8], limit: Option<usize>) {
     let name = Path::new("fuzz.idx");
     for stream in [bytes.to_vec(), gzip(bytes)] {
-        if let Ok(array) = read_idx_from(stream.as_slice(), name, limit) {
-            if stream == bytes {
-                assert_eq!(array.data.len(), array.dims.iter().product::<usize>());
-            }
+        if let Ok(array) = read_idx_from(stream.as_slice(), name, limit)
+            && stream == bytes
+        {
+            assert_eq!(array.data.len(), array.dims.iter().product::<usize>());
         }
     }
     let dir = std::env::temp_dir().join(format!("mnist-fuzz-{}", std::process::id()));

@@ -88,7 +88,6 @@ struct Args {
 
 /// The configurations every trace runs with by default: the default rules, and expandable
 /// segments (skipped with a note while the engine does not accept the key).
-
 fn default_configs() -> Vec<String> {
     vec![String::new(), "expandable_segments:true".to_string()]
 }
