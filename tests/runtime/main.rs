@@ -76,6 +76,7 @@ mod multi_device_wgpu;
 mod oom_observers_wgpu;
 #[cfg(feature = "wgpu")]
 mod soak_wgpu;
+#[cfg(feature = "wgpu")]
 mod thread_rounds_wgpu;
 #[cfg(feature = "wgpu")]
 mod trace_wgpu;
