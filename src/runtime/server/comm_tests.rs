@@ -19,7 +19,7 @@ fn server(capacity: u64) -> Harness {
     harness_of(MetadataLayout::DriverBinding, 4, capacity)
 }
 
-fn whole(handle: &Handle, len: usize) -> CopyDescriptor {
+pub(super) fn whole(handle: &Handle, len: usize) -> CopyDescriptor {
     CopyDescriptor::new(handle.clone().binding(), [len].into(), [1].into(), 1)
 }
 
@@ -28,7 +28,7 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 }
 
 /// A buffer on `h`'s stream `on` holding `data`.
-fn tensor(h: &mut Harness, data: &[u8], on: StreamId) -> Handle {
+pub(super) fn tensor(h: &mut Harness, data: &[u8], on: StreamId) -> Handle {
     let handle = h.buffer(data.len() as u64, on);
     h.server.write(
         vec![(
@@ -40,7 +40,7 @@ fn tensor(h: &mut Harness, data: &[u8], on: StreamId) -> Handle {
     handle
 }
 
-fn read(
+pub(super) fn read(
     h: &mut Harness,
     handle: &Handle,
     len: usize,
@@ -51,7 +51,7 @@ fn read(
 }
 
 /// Both servers joined the pair's group, as `ComputeClient::to_client_tensor` makes them.
-fn connect(a: &mut Harness, b: &mut Harness) {
+pub(super) fn connect(a: &mut Harness, b: &mut Harness) {
     let ids = vec![a.server.device, b.server.device];
     a.server.comm_init(ids.clone()).expect("a joins");
     b.server.comm_init(ids).expect("b joins");

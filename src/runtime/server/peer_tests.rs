@@ -4,15 +4,12 @@
 //! `recv`; the destination's out-of-memory on its stream. No GPU needed: the CUDA driver's
 //! copies themselves run under the fake driver (`tests/`) and on a GPU.
 
-use cubecl_common::bytes::Bytes;
-use cubecl_common::future::block_on;
 use cubecl_common::stream_id::StreamId;
 use cubecl_ir::{ElemType, FloatKind};
-use cubecl_runtime::server::{
-    ComputeServer, CopyDescriptor, Handle, ServerCommunication, ServerError,
-};
+use cubecl_runtime::server::{ComputeServer, Handle, ServerCommunication};
 
 use super::super::driver::MetadataLayout;
+use super::comm_tests::{connect, read, tensor, whole};
 use super::tests::{Harness, PEER_EVENTS, harness_of, stream};
 
 const F32: ElemType = ElemType::Float(FloatKind::F32);
@@ -28,38 +25,6 @@ fn pair() -> (Harness, Harness) {
     let (mut a, mut b) = (server(1 << 30), server(1 << 30));
     connect(&mut a, &mut b);
     (a, b)
-}
-
-fn connect(a: &mut Harness, b: &mut Harness) {
-    let ids = vec![a.server.device, b.server.device];
-    a.server.comm_init(ids.clone()).expect("a joins");
-    b.server.comm_init(ids).expect("b joins");
-}
-
-fn whole(handle: &Handle, len: usize) -> CopyDescriptor {
-    CopyDescriptor::new(handle.clone().binding(), [len].into(), [1].into(), 1)
-}
-
-fn tensor(h: &mut Harness, data: &[u8], on: StreamId) -> Handle {
-    let handle = h.buffer(data.len() as u64, on);
-    h.server.write(
-        vec![(
-            whole(&handle, data.len()),
-            Bytes::from_bytes_vec(data.to_vec()),
-        )],
-        on,
-    );
-    handle
-}
-
-fn read(
-    h: &mut Harness,
-    handle: &Handle,
-    len: usize,
-    on: StreamId,
-) -> Result<Vec<u8>, ServerError> {
-    let mut out = block_on(h.server.read(vec![whole(handle, len)], on))?;
-    Ok(out.remove(0).to_vec())
 }
 
 fn send(src: &mut Harness, dst: &Harness, handle: &Handle, len: usize, on: StreamId) {
