@@ -22,10 +22,13 @@
 //!   destination buffer through the destination's caching allocator (it appears in that
 //!   device's statistics and history like any tensor, and an out-of-memory there is the
 //!   allocator's error), and writes the bytes on its stream.
-//! - `all_reduce`: every member reads its buffer and contributes it to the group's round; the
-//!   last to arrive reduces the contributions (in device order, so every member gets the same
-//!   bytes), and each member writes the result into its buffer. Rounds are counted per group
-//!   on each server: the k-th all-reduce of a device meets the k-th of its peers.
+//! - `all_reduce`: every member reads its buffer (its one host copy) and contributes it to the
+//!   group's round; the last to arrive reduces the contributions into the first member's copy
+//!   (in device order, so every member gets the same bytes; large buffers in parallel chunks,
+//!   see `host_reduce`) and each member writes that result into its buffer. A round has a lock
+//!   of its own and nobody holds it while reducing: all-reduces of other groups, and the other
+//!   members' reads and writes, run meanwhile. Rounds are counted per group on each server:
+//!   the k-th all-reduce of a device meets the k-th of its peers.
 //!
 //! Where the driver has a device path (CUDA: peer copies, NCCL), `send`, `recv` and
 //! `all_reduce` take it instead (`peer`); what follows is the host path, which wgpu always
@@ -46,7 +49,7 @@ use cubecl_common::bytes::Bytes;
 use cubecl_common::device::DeviceId;
 use cubecl_common::future::block_on;
 use cubecl_common::stream_id::StreamId;
-use cubecl_ir::{ElemType, FloatKind, IntKind, UIntKind};
+use cubecl_ir::ElemType;
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
 use cubecl_runtime::server::{
     Binding, ComputeServer, CopyDescriptor, Handle, ReduceOperation, ServerCommunication,
@@ -56,6 +59,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::super::driver::Driver;
 use super::CachingServer;
+use super::host_reduce;
 use super::ordering::release_completed;
 use super::reserve;
 
@@ -147,144 +151,94 @@ impl PostOffice {
     }
 }
 
-/// One all-reduce of a group: what each member contributed, then the result.
+/// What a round's members share: each member's host copy until the last arrives, then the
+/// result (the first member's copy, reduced in place).
 #[derive(Default)]
-struct Round {
-    contributions: BTreeMap<DeviceId, Result<Vec<u8>, ServerError>>,
-    result: Option<Result<Arc<Vec<u8>>, ServerError>>,
+struct RoundState {
+    contributions: BTreeMap<DeviceId, Result<Bytes, ServerError>>,
+    result: Option<Result<Arc<Bytes>, ServerError>>,
     collected: usize,
 }
 
+/// One all-reduce of a group, with its own lock: members of other groups and rounds never wait
+/// for it, and nobody holds it while the reduction runs.
+#[derive(Default)]
+struct Round {
+    state: Mutex<RoundState>,
+    done: Condvar,
+}
+
+/// A round of a group: the group's sorted devices and the round's number in that group.
+type RoundKey = (Vec<DeviceId>, u64);
+
+/// The rounds in progress, by group and round number. Its lock is held only to find or remove
+/// a round.
 #[derive(Default)]
 struct Collectives {
-    rounds: Mutex<HashMap<(Vec<DeviceId>, u64), Round>>,
-    changed: Condvar,
+    rounds: Mutex<HashMap<RoundKey, Arc<Round>>>,
 }
 
 static COLLECTIVES: LazyLock<Collectives> = LazyLock::new(Collectives::default);
 
+/// The result of a round whose contributions are all here: the first member's copy with the
+/// others reduced into it, or the first member's error in device order.
+fn combine(
+    contributions: BTreeMap<DeviceId, Result<Bytes, ServerError>>,
+    dtype: ElemType,
+    op: &ReduceOperation,
+) -> Result<Arc<Bytes>, ServerError> {
+    let mut copies = Vec::with_capacity(contributions.len());
+    for contribution in contributions.into_values() {
+        copies.push(contribution?);
+    }
+    let mut copies = copies.into_iter();
+    let mut acc = copies
+        .next()
+        .ok_or_else(|| generic("caching allocator: all_reduce of an empty group".into()))?;
+    let others: Vec<Bytes> = copies.collect();
+    let views: Vec<&[u8]> = others.iter().map(|other| &other[..]).collect();
+    host_reduce::reduce_in_place(dtype, op, &mut acc, &views, host_reduce::default_threads())?;
+    Ok(Arc::new(acc))
+}
+
 impl Collectives {
-    /// Contributes `data` to round `round` of `group` and waits for the reduced result.
+    /// Contributes `data` (this member's host copy) to round `round` of `group` and waits for
+    /// the reduced result. The last member to arrive reduces, holding no lock meanwhile.
     fn all_reduce(
         &self,
         group: &[DeviceId],
         round: u64,
         me: DeviceId,
-        data: Result<Vec<u8>, ServerError>,
-        reduce: impl FnOnce(&[&[u8]]) -> Result<Vec<u8>, ServerError>,
-    ) -> Result<Arc<Vec<u8>>, ServerError> {
+        data: Result<Bytes, ServerError>,
+        dtype: ElemType,
+        op: &ReduceOperation,
+    ) -> Result<Arc<Bytes>, ServerError> {
         let key = (group.to_vec(), round);
-        let mut rounds = self.rounds.lock();
-        let entry = rounds.entry(key.clone()).or_default();
-        entry.contributions.insert(me, data);
-        if entry.contributions.len() == group.len() {
-            let inputs: Result<Vec<&[u8]>, ServerError> = entry
-                .contributions
-                .values()
-                .map(|c| c.as_ref().map(Vec::as_slice).map_err(Clone::clone))
-                .collect();
-            entry.result = Some(inputs.and_then(|inputs| reduce(&inputs)).map(Arc::new));
-            self.changed.notify_all();
+        let shared = self.rounds.lock().entry(key.clone()).or_default().clone();
+        let mut state = shared.state.lock();
+        state.contributions.insert(me, data);
+        if state.contributions.len() == group.len() {
+            let contributions = std::mem::take(&mut state.contributions);
+            drop(state);
+            let result = combine(contributions, dtype, op);
+            state = shared.state.lock();
+            state.result = Some(result);
+            shared.done.notify_all();
         }
-        loop {
-            let entry = rounds
-                .get_mut(&key)
-                .expect("a round stays until all collected");
-            if let Some(result) = entry.result.clone() {
-                entry.collected += 1;
-                if entry.collected == group.len() {
-                    rounds.remove(&key);
-                }
-                return result;
+        let result = loop {
+            if let Some(result) = state.result.clone() {
+                break result;
             }
-            self.changed.wait(&mut rounds);
+            shared.done.wait(&mut state);
+        };
+        state.collected += 1;
+        let last = state.collected == group.len();
+        drop(state);
+        if last {
+            self.rounds.lock().remove(&key);
         }
+        result
     }
-}
-
-/// Element-wise `op` over `inputs` (one per device, same length) read as `dtype`.
-pub(super) fn reduce(
-    dtype: ElemType,
-    op: &ReduceOperation,
-    inputs: &[&[u8]],
-) -> Result<Vec<u8>, ServerError> {
-    let len = inputs.first().map_or(0, |first| first.len());
-    if let Some(other) = inputs.iter().find(|input| input.len() != len) {
-        return Err(generic(format!(
-            "caching allocator: all_reduce of buffers of different sizes ({len} and {} bytes)",
-            other.len()
-        )));
-    }
-    if !len.is_multiple_of(dtype.size()) {
-        return Err(generic(format!(
-            "caching allocator: all_reduce of {len} bytes is not a whole number of {dtype:?}"
-        )));
-    }
-    let n = inputs.len();
-    let mean = matches!(op, ReduceOperation::Mean);
-    macro_rules! float {
-        ($t:ty, $to:expr, $from:expr) => {{
-            let size = size_of::<$t>();
-            let mut out = Vec::with_capacity(len);
-            for i in (0..len).step_by(size) {
-                let mut acc = 0f64;
-                for input in inputs {
-                    let value = <$t>::from_ne_bytes(input[i..i + size].try_into().unwrap());
-                    acc += $to(value);
-                }
-                if mean {
-                    acc /= n as f64;
-                }
-                let value: $t = $from(acc);
-                out.extend_from_slice(&value.to_ne_bytes());
-            }
-            out
-        }};
-    }
-    macro_rules! int {
-        ($t:ty) => {{
-            let size = size_of::<$t>();
-            let mut out = Vec::with_capacity(len);
-            for i in (0..len).step_by(size) {
-                let mut acc = 0i128;
-                for input in inputs {
-                    acc += <$t>::from_ne_bytes(input[i..i + size].try_into().unwrap()) as i128;
-                }
-                if mean {
-                    acc /= n as i128;
-                }
-                out.extend_from_slice(&(acc as $t).to_ne_bytes());
-            }
-            out
-        }};
-    }
-    use burn::tensor::{bf16, f16};
-    let out = match dtype {
-        ElemType::Float(FloatKind::F64) => float!(f64, |v: f64| v, |v: f64| v),
-        ElemType::Float(FloatKind::F32 | FloatKind::Flex32 | FloatKind::TF32) => {
-            float!(f32, f64::from, |v: f64| v as f32)
-        }
-        ElemType::Float(FloatKind::F16) => {
-            float!(f16, |v: f16| v.to_f64(), f16::from_f64)
-        }
-        ElemType::Float(FloatKind::BF16) => {
-            float!(bf16, |v: bf16| v.to_f64(), bf16::from_f64)
-        }
-        ElemType::Int(IntKind::I8) => int!(i8),
-        ElemType::Int(IntKind::I16) => int!(i16),
-        ElemType::Int(IntKind::I32) => int!(i32),
-        ElemType::Int(IntKind::I64) => int!(i64),
-        ElemType::UInt(UIntKind::U8) => int!(u8),
-        ElemType::UInt(UIntKind::U16) => int!(u16),
-        ElemType::UInt(UIntKind::U32) => int!(u32),
-        ElemType::UInt(UIntKind::U64) => int!(u64),
-        other => {
-            return Err(generic(format!(
-                "caching allocator: all_reduce of {other:?} elements is not supported"
-            )));
-        }
-    };
-    Ok(out)
 }
 
 /// A buffer's bytes as one contiguous run, for the server's `read` and `write`.
@@ -458,12 +412,9 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
         }
         let round = self.comm.next_round(&group);
         let len = src.size_in_used() as usize;
-        let data = self
-            .read_all(bytes_of(src, len), stream_id)
-            .map(|bytes| bytes.to_vec());
-        let reduced = COLLECTIVES.all_reduce(&group, round, self.device, data, |inputs| {
-            reduce(dtype, &op, inputs)
-        });
+        // The member's one host copy: the read's own buffer, reduced in place if it is first.
+        let data = self.read_all(bytes_of(src, len), stream_id);
+        let reduced = COLLECTIVES.all_reduce(&group, round, self.device, data, dtype, &op);
         let written = reduced.and_then(|data| {
             if data.len() as u64 > dst.size_in_used() {
                 return Err(generic(format!(

@@ -286,12 +286,44 @@ fn all_reduce_sums_and_averages_across_three_devices_as_nccl_would() {
 }
 
 #[test]
-fn all_reduce_of_mismatched_or_unsupported_buffers_is_an_error_on_every_member() {
+fn all_reduce_of_mismatched_buffers_is_an_error_on_every_members_stream() {
+    // Each member reads back its own buffer after the all-reduce: the error is on its stream.
     let inputs = [f32_bytes(&[1.0, 2.0]), f32_bytes(&[1.0, 2.0, 3.0])];
-    let err = super::comm::reduce(F32, &ReduceOperation::Sum, &[&inputs[0], &inputs[1]])
-        .expect_err("sizes differ");
-    assert!(err.to_string().contains("different sizes"), "{err}");
-    let err = super::comm::reduce(ElemType::Bool, &ReduceOperation::Sum, &[&inputs[0]])
-        .expect_err("bool");
-    assert!(err.to_string().contains("not supported"), "{err}");
+    let mut servers: Vec<Harness> = inputs.iter().map(|_| server(1 << 30)).collect();
+    let ids: Vec<_> = servers.iter().map(|h| h.server.device).collect();
+    for h in &mut servers {
+        h.server.comm_init(ids.clone()).expect("join");
+    }
+    let errors: Vec<ServerError> = std::thread::scope(|scope| {
+        let workers: Vec<_> = servers
+            .into_iter()
+            .zip(&inputs)
+            .enumerate()
+            .map(|(i, (mut h, input))| {
+                let ids = ids.clone();
+                scope.spawn(move || {
+                    let on = stream(i as u64);
+                    let buffer = tensor(&mut h, input, on);
+                    h.server
+                        .all_reduce(
+                            buffer.clone().binding(),
+                            buffer.clone().binding(),
+                            F32,
+                            on,
+                            ReduceOperation::Sum,
+                            ids,
+                        )
+                        .expect("the call itself returns");
+                    read(&mut h, &buffer, input.len(), on).expect_err("sizes differ")
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("worker"))
+            .collect()
+    });
+    for err in errors {
+        assert!(err.to_string().contains("different sizes"), "{err}");
+    }
 }

@@ -30,6 +30,7 @@ mod checks;
 mod comm;
 #[cfg(test)]
 mod comm_tests;
+mod host_reduce;
 mod kernels;
 mod layer_usage;
 mod metadata;
