@@ -9,7 +9,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::codes::{self, *};
-use crate::memory::{Mapping, Piece};
+use crate::memory::{Mapping, NotWholeMappings, Piece};
 use crate::state::{
     EVENT_BASE, FUNCTION_BASE, Fake, MODULE_BASE, STREAM_BASE, call, context_device,
     context_handle, current_device, set_current_device,
@@ -1439,31 +1439,24 @@ pub unsafe extern "C" fn cuMemSetAccess(
             );
         };
         let at = ptr - base;
-        let end = at + size as u64;
         // Every byte mapped, and whole mappings only.
-        let mut covered = at;
-        let mut offsets = Vec::new();
-        for (offset, mapping) in reservation.mappings.range(..end) {
-            if offset + mapping.size <= at {
-                continue;
-            }
-            if *offset != covered || offset + mapping.size > end {
+        let offsets: Vec<u64> = match reservation.whole_mappings(at, at + size as u64) {
+            Ok(found) => found.into_iter().map(|(offset, _)| offset).collect(),
+            Err(NotWholeMappings::PartOfAMapping) => {
                 return fake.reject(
                     "cuMemSetAccess",
                     INVALID_VALUE,
                     format!("[{ptr:#x}, +{size:#x}) is not exactly a run of whole mappings"),
                 );
             }
-            covered = offset + mapping.size;
-            offsets.push(*offset);
-        }
-        if covered != end {
-            return fake.reject(
-                "cuMemSetAccess",
-                INVALID_VALUE,
-                format!("[{ptr:#x}, +{size:#x}) is not all mapped"),
-            );
-        }
+            Err(NotWholeMappings::NotAllMapped) => {
+                return fake.reject(
+                    "cuMemSetAccess",
+                    INVALID_VALUE,
+                    format!("[{ptr:#x}, +{size:#x}) is not all mapped"),
+                );
+            }
+        };
         let mut grants = Vec::new();
         for i in 0..count {
             // CUmemAccessDesc: location type, location id, flags (12 bytes).
@@ -1514,30 +1507,23 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> u32 {
             );
         };
         let at = ptr - base;
-        let end = at + size as u64;
-        let mut covered = at;
-        let mut found = Vec::new();
-        for (offset, mapping) in reservation.mappings.range(..end) {
-            if offset + mapping.size <= at {
-                continue;
-            }
-            if *offset != covered || offset + mapping.size > end {
+        let found = match reservation.whole_mappings(at, at + size as u64) {
+            Ok(found) if !found.is_empty() => found,
+            Err(NotWholeMappings::PartOfAMapping) => {
                 return fake.reject(
                     "cuMemUnmap",
                     INVALID_VALUE,
                     format!("[{ptr:#x}, +{size:#x}) unmaps part of a mapping"),
                 );
             }
-            covered = offset + mapping.size;
-            found.push((*offset, mapping.phys));
-        }
-        if covered != end || found.is_empty() {
-            return fake.reject(
-                "cuMemUnmap",
-                INVALID_VALUE,
-                format!("[{ptr:#x}, +{size:#x}) is not all mapped"),
-            );
-        }
+            Ok(_) | Err(NotWholeMappings::NotAllMapped) => {
+                return fake.reject(
+                    "cuMemUnmap",
+                    INVALID_VALUE,
+                    format!("[{ptr:#x}, +{size:#x}) is not all mapped"),
+                );
+            }
+        };
         let users: Vec<(u64, Option<(u64, u64)>)> =
             found.iter().map(|(_, phys)| (*phys, None)).collect();
         settle_users(

@@ -64,6 +64,37 @@ pub struct Reservation {
     pub mappings: BTreeMap<u64, Mapping>,
 }
 
+/// Why `[at, end)` of a reservation is not exactly a run of whole mappings.
+pub enum NotWholeMappings {
+    /// A mapping starts before the range, ends after it, or leaves a gap before it.
+    PartOfAMapping,
+    /// Bytes at the end of the range are not mapped.
+    NotAllMapped,
+}
+
+impl Reservation {
+    /// The mappings (offset, physical handle) that exactly cover `[at, end)`, in order: every
+    /// byte mapped, whole mappings only (what `cuMemSetAccess` and `cuMemUnmap` require).
+    pub fn whole_mappings(&self, at: u64, end: u64) -> Result<Vec<(u64, u64)>, NotWholeMappings> {
+        let mut covered = at;
+        let mut found = Vec::new();
+        for (offset, mapping) in self.mappings.range(..end) {
+            if offset + mapping.size <= at {
+                continue;
+            }
+            if *offset != covered || offset + mapping.size > end {
+                return Err(NotWholeMappings::PartOfAMapping);
+            }
+            covered = offset + mapping.size;
+            found.push((*offset, mapping.phys));
+        }
+        if covered != end {
+            return Err(NotWholeMappings::NotAllMapped);
+        }
+        Ok(found)
+    }
+}
+
 /// A pinned host allocation (`cuMemHostAlloc`).
 #[derive(Debug)]
 pub struct HostAllocation {
