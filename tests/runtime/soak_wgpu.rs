@@ -113,20 +113,30 @@ fn soak<B: Backend<Device = burn::backend::wgpu::WgpuDevice>>(
 
 fn check(name: &str, rounds: &[(u64, u64)]) {
     let (first_allocated, first_reserved) = rounds[0];
-    for (r, &(allocated, reserved)) in rounds.iter().enumerate() {
+    for (r, &(allocated, _)) in rounds.iter().enumerate() {
         assert_eq!(
             allocated,
             first_allocated,
             "{name}: round {} left {allocated} bytes allocated, the first {first_allocated}",
             r + 1
         );
+    }
+    // Reserved memory is flat from the second round on. The first two rounds may differ: the
+    // threads run at once, and an interleaving that needs more at the same time than the first
+    // round's did reserves one more segment once (seen: 46 then 52 MiB unfused).
+    let settled = rounds[1].1;
+    for (r, &(_, reserved)) in rounds.iter().enumerate().skip(1) {
         assert_eq!(
             reserved,
-            first_reserved,
+            settled,
             "{name}: reserved memory grew in round {}: {rounds:?}",
             r + 1
         );
     }
+    assert!(
+        first_reserved <= settled,
+        "{name}: reserved memory shrank after the first round: {rounds:?}"
+    );
     // What stays allocated is the streams' launch metadata, not the tensors: far less than
     // one round's tensors (about 3.5 MiB a thread).
     assert!(
