@@ -120,7 +120,9 @@ impl<D: DeviceMemory> ComputeStorage for DeviceStorage<D> {
             log::warn!("DeviceStorage: dealloc of unknown {id}");
             return;
         };
-        if let Err(err) = self.device.lock().free(segment) {
+        // SAFETY: allocated by this storage's device and just taken out of its map, so freed
+        // once; the replay queues no device work that could still use it.
+        if let Err(err) = unsafe { self.device.lock().free(segment) } {
             log::error!("DeviceStorage: the device refused a free: {err}");
         }
     }
@@ -135,7 +137,8 @@ impl<D: DeviceMemory> Drop for DeviceStorage<D> {
         }
         let mut device = self.device.lock();
         for (_, segment) in self.segments.drain() {
-            if let Err(err) = device.free(segment) {
+            // SAFETY: as in `dealloc`: each segment of the map once, no work queued on it.
+            if let Err(err) = unsafe { device.free(segment) } {
                 log::error!("DeviceStorage: the device refused a free on drop: {err}");
             }
         }

@@ -1,7 +1,7 @@
 //! The public, thread-safe caching allocator.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -87,7 +87,7 @@ pub struct CachingAllocator<D: DeviceMemory> {
     oom_observers: Observers,
     oom_snapshot: Mutex<Option<PathBuf>>,
     /// The device ordinal PyTorch-format snapshots name (`device`, `device_traces` index).
-    device_index: AtomicU32,
+    device_index: AtomicU16,
     /// The operation that panicked while it held the engine, if one did (see [`Changing`]).
     poisoned: OnceLock<&'static str>,
 }
@@ -155,7 +155,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             stack_context,
             oom_observers: Observers::default(),
             oom_snapshot: Mutex::new(None),
-            device_index: AtomicU32::new(0),
+            device_index: AtomicU16::new(0),
             poisoned: OnceLock::new(),
         })
     }
@@ -453,7 +453,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
 
     /// Sets the device ordinal snapshots name (0 until set; the runtimes set their device's).
     #[cfg(feature = "runtime")]
-    pub(crate) fn set_device_index(&self, index: u32) {
+    pub(crate) fn set_device_index(&self, index: u16) {
         self.device_index.store(index, Ordering::Relaxed);
     }
 

@@ -21,6 +21,7 @@ use cubecl_runtime::runtime::Runtime;
 
 use crate::alloc::{AllocatorConfig, ConfigError};
 use crate::device::DeviceMemory;
+use crate::runtime::open;
 use crate::runtime::registry::{self, DeviceEntry};
 use crate::runtime::{CachingServer, CubeclLayerUsage, Driver};
 
@@ -102,8 +103,15 @@ fn drain<R: burn_cubecl::CubeRuntime>(device: &R::CubeDevice) {
     .sync(|| ());
 }
 
-/// The device's server, reached directly (the same one `ComputeClient::load` reaches).
+/// The device's server, reached directly (the same one `ComputeClient::load` reaches), opened
+/// on this thread if it was not.
+///
+/// # Panics
+/// When the device cannot open, with the reason (`backend::open` returns it instead).
 fn server<Dev: CachingDevice>(device: &Dev) -> DeviceHandle<CachingServer<Dev::Driver>> {
+    if let Err(err) = open::ensure_open::<Dev::Driver>(device.to_id()) {
+        panic!("caching allocator: cannot open {device:?}: {err}");
+    }
     DeviceHandle::new(device.to_id())
 }
 

@@ -196,6 +196,27 @@ pub type CachingCuda<F = f32, I = i32, B = u8> = CachingCudaUnfused<F, I, B>;
 pub type CachingCudaUnfused<F = f32, I = i32, B = u8> =
     burn_cubecl::CubeBackend<CachingCudaRuntime, F, I, B>;
 
+/// Opens `device`'s caching server now, on this thread, and returns why it cannot open: a
+/// `BURN_CACHING_ALLOC_CONF` that does not parse, expandable segments on a device without
+/// virtual memory, no such device. Opening is otherwise implicit (the first tensor, or any
+/// call of this module), and a device that cannot open panics there with the same reason;
+/// call this first to handle the error instead. Opening an open device does nothing; a
+/// device that failed to open returns the same error on every call.
+///
+/// ```ignore
+/// let device = burn::backend::wgpu::WgpuDevice::default();
+/// if let Err(err) = burn_caching_alloc::backend::open(&device) {
+///     eprintln!("no caching allocator: {err}");
+/// }
+/// ```
+///
+/// # Errors
+/// [`DriverError`](crate::runtime::DriverError): the configuration's error
+/// ([`DriverError::Config`](crate::runtime::DriverError::Config)), or the device's.
+pub fn open<Dev: CachingDevice>(device: &Dev) -> Result<(), crate::runtime::DriverError> {
+    crate::runtime::open::ensure_open::<Dev::Driver>(device.to_id())
+}
+
 /// Statistics of `device` (PyTorch's `torch.cuda.memory_stats`, plus CubeCL's layer).
 pub fn memory_stats<Dev: CachingDevice>(device: &Dev) -> CachingMemoryStats {
     stats_of(settled(device))

@@ -340,7 +340,7 @@ impl Driver for CudaDriver {
         })
     }
 
-    fn write(
+    unsafe fn write(
         &mut self,
         stream: &mut CudaStream,
         dst: &Resource<Self>,
@@ -382,7 +382,7 @@ impl Driver for CudaDriver {
         Ok(())
     }
 
-    fn read(
+    unsafe fn read(
         &mut self,
         stream: &mut CudaStream,
         sources: Vec<(Resource<Self>, usize)>,
@@ -553,7 +553,7 @@ impl Driver for CudaDriver {
         }
     }
 
-    fn export(
+    unsafe fn export(
         &mut self,
         stream: &mut CudaStream,
         src: &Resource<Self>,
@@ -585,7 +585,7 @@ impl Driver for CudaDriver {
         })
     }
 
-    fn import(
+    unsafe fn import(
         &mut self,
         stream: &mut CudaStream,
         dst: &Resource<Self>,
@@ -643,7 +643,7 @@ impl Driver for CudaDriver {
         })
     }
 
-    fn all_reduce(
+    unsafe fn all_reduce(
         &mut self,
         stream: &mut CudaStream,
         collective: Collective<'_, Self>,
@@ -695,6 +695,9 @@ impl Driver for CudaDriver {
                 (Group::join(lib, collective.group, &bind), collective.rank)
             })
             .clone();
+        // Making the communicator binds every member's context in turn: this device's again,
+        // as NCCL's call on this device's stream needs it current.
+        self.bind()?;
         let reduce = Reduce {
             src: device_pointer(collective.src),
             dst: device_pointer(collective.dst),
@@ -814,8 +817,9 @@ mod tests {
             offset: 0,
             size: len as u64,
         };
-        let done = driver
-            .import(&mut stream, &resource, &buffer)
+        // SAFETY: `resource` is the `len` bytes just allocated, freed below after the copy
+        // completed; `buffer` is the peer's staging copy, alive until then.
+        let done = unsafe { driver.import(&mut stream, &resource, &buffer) }
             .expect("the peer copy is issued");
         done.synchronize().expect("the copy completes");
         let mut back = vec![0u8; len];

@@ -149,7 +149,7 @@ impl DeviceMemory for CudaMemory {
         })
     }
 
-    fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
+    unsafe fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
         self.bind()?;
         self.sync_before_release()?;
         // SAFETY: the engine frees each segment it allocated exactly once, after every block in
@@ -203,7 +203,7 @@ impl DeviceMemory for CudaMemory {
         })
     }
 
-    fn map_range(
+    unsafe fn map_range(
         &mut self,
         range: &DeviceSegment<Self::Handle>,
         offset: u64,
@@ -214,7 +214,7 @@ impl DeviceMemory for CudaMemory {
         self.virtual_ranges.map(range.handle, offset, size, page)
     }
 
-    fn unmap_range(
+    unsafe fn unmap_range(
         &mut self,
         range: &DeviceSegment<Self::Handle>,
         offset: u64,
@@ -227,7 +227,10 @@ impl DeviceMemory for CudaMemory {
         self.virtual_ranges.unmap(range.handle, offset, size)
     }
 
-    fn release_range(&mut self, range: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
+    unsafe fn release_range(
+        &mut self,
+        range: DeviceSegment<Self::Handle>,
+    ) -> Result<(), DeviceError> {
         self.bind()?;
         self.virtual_ranges.release(range.handle)
     }

@@ -67,6 +67,17 @@ pub fn open_context(ordinal: usize) -> Result<Arc<CudaContext>, DeviceError> {
         return Err(DeviceError::Driver(NO_LIBCUDA.to_string()));
     }
     guarded("opening the CUDA device", || {
+        // An ordinal past the last device is the caller's mistake, said as such (and never
+        // handed to `cuDeviceGet`, whose answer names no count).
+        let count = CudaContext::device_count()
+            .map_err(|err| device_error("counting CUDA devices", err, None))?;
+        if i64::try_from(ordinal).map_or(true, |ordinal| ordinal >= i64::from(count)) {
+            return Err(DeviceError::Driver(format!(
+                "there is no CUDA device {ordinal}: this machine has {count} \
+                 (ordinals 0 to {})",
+                i64::from(count) - 1
+            )));
+        }
         CudaContext::new(ordinal)
             .map_err(|err| device_error(&format!("opening CUDA device {ordinal}"), err, None))
     })

@@ -5,7 +5,7 @@
 //! own, separate from stock `CudaRuntime` servers on the same device (both share the device's
 //! primary context).
 
-use cubecl_common::device::DeviceId;
+use cubecl_common::device::{Device, DeviceId};
 use cubecl_core::zspace::{Shape, Strides};
 use cubecl_cuda::{CudaDevice, CudaRuntime};
 use cubecl_ir::TargetProperties;
@@ -27,7 +27,12 @@ impl Runtime for CachingCudaRuntime {
     type Server = CachingServer<CudaDriver>;
     type Device = CudaDevice;
 
+    /// # Panics
+    /// When the device cannot open, with the reason, on the calling thread (see
+    /// `backend::open`, which returns it instead).
     fn client(device: &CudaDevice) -> ComputeClient<Self> {
+        crate::runtime::open::ensure_open::<CudaDriver>(device.to_id())
+            .unwrap_or_else(|err| panic!("caching allocator: cannot open {device:?}: {err}"));
         ComputeClient::load(device)
     }
 

@@ -163,9 +163,10 @@ impl<D: DeviceMemory> DeviceMemory for Metered<D> {
         result
     }
 
-    fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
+    unsafe fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
         let size = segment.size;
-        self.device.free(segment)?;
+        // SAFETY: the caller's contract, passed on to the device this wraps.
+        unsafe { self.device.free(segment) }?;
         self.meter.freed(size);
         Ok(())
     }
@@ -207,37 +208,52 @@ impl<D: DeviceMemory> DeviceMemory for Metered<D> {
     }
 
     /// Counted as an allocation of the mapped bytes (a refused map as a failed one).
-    fn map_range(
+    unsafe fn map_range(
         &mut self,
         range: &DeviceSegment<Self::Handle>,
         offset: u64,
         size: u64,
         page: u64,
     ) -> Result<(), DeviceError> {
-        let result = self.device.map_range(range, offset, size, page);
+        // SAFETY: the caller's contract, passed on to the device this wraps.
+        let result = unsafe { self.device.map_range(range, offset, size, page) };
         self.meter.count(result.as_ref().map(|()| size));
         result
     }
 
     /// Counted as a free of the unmapped bytes.
-    fn unmap_range(
+    unsafe fn unmap_range(
         &mut self,
         range: &DeviceSegment<Self::Handle>,
         offset: u64,
         size: u64,
     ) -> Result<(), DeviceError> {
-        self.device.unmap_range(range, offset, size)?;
+        // SAFETY: the caller's contract, passed on to the device this wraps.
+        unsafe { self.device.unmap_range(range, offset, size) }?;
         self.meter.freed(size);
         Ok(())
     }
 
-    fn release_range(&mut self, range: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
-        self.device.release_range(range)
+    unsafe fn release_range(
+        &mut self,
+        range: DeviceSegment<Self::Handle>,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: the caller's contract, passed on to the device this wraps.
+        unsafe { self.device.release_range(range) }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    /// A call into the simulated device's raw-memory functions. SAFETY of each use: the
+    /// simulated device's memory is bookkeeping on the host, and it refuses what the contract
+    /// forbids (a forged or freed segment is an error there, which a test may check).
+    macro_rules! sim_call {
+        ($call:expr) => {
+            unsafe { $call }
+        };
+    }
+
     use super::*;
     use crate::device::sim::SimDevice;
 
@@ -267,7 +283,7 @@ mod tests {
             }
         );
 
-        device.free(a).expect("live");
+        sim_call!(device.free(a)).expect("live");
         let c = device.allocate(1 << 20, S).expect("fits");
         assert_eq!(
             meter.reading(),
@@ -282,8 +298,8 @@ mod tests {
         meter.reset_peak();
         assert_eq!(meter.peak_bytes(), 4 << 20);
 
-        device.free(b).expect("live");
-        device.free(c).expect("live");
+        sim_call!(device.free(b)).expect("live");
+        sim_call!(device.free(c)).expect("live");
         let sim_counters = sim.counters();
         let reading = meter.reading();
         assert_eq!(reading.allocs, sim_counters.allocs);
@@ -301,12 +317,10 @@ mod tests {
         let meter = device.meter();
         assert_eq!(device.virtual_memory_granularity(), Some(2 << 20));
         let range = device.reserve_range(128 << 20, S).expect("address space");
-        device
-            .map_range(&range, 0, 40 << 20, 20 << 20)
-            .expect("fits");
-        let too_much = device.map_range(&range, 40 << 20, 40 << 20, 20 << 20);
+        sim_call!(device.map_range(&range, 0, 40 << 20, 20 << 20)).expect("fits");
+        let too_much = sim_call!(device.map_range(&range, 40 << 20, 40 << 20, 20 << 20));
         assert!(matches!(too_much, Err(DeviceError::OutOfMemory { .. })));
-        device.unmap_range(&range, 0, 20 << 20).expect("mapped");
+        sim_call!(device.unmap_range(&range, 0, 20 << 20)).expect("mapped");
         let reading = meter.reading();
         assert_eq!(
             (reading.allocs, reading.frees, reading.failed_allocs),
@@ -317,10 +331,8 @@ mod tests {
             (20 << 20, 40 << 20)
         );
         assert_eq!(reading.bytes_in_use, sim.bytes_in_use());
-        device
-            .unmap_range(&range, 20 << 20, 20 << 20)
-            .expect("mapped");
-        device.release_range(range).expect("nothing mapped");
+        sim_call!(device.unmap_range(&range, 20 << 20, 20 << 20)).expect("mapped");
+        sim_call!(device.release_range(range)).expect("nothing mapped");
         assert!(sim.reserved_ranges().is_empty());
     }
 
@@ -334,10 +346,10 @@ mod tests {
             size: a.size,
             handle: a.handle,
         };
-        assert!(device.free(forged).is_err());
+        assert!(sim_call!(device.free(forged)).is_err());
         assert_eq!(meter.frees(), 0);
         assert_eq!(meter.bytes_in_use(), 1000);
-        device.free(a).expect("live");
+        sim_call!(device.free(a)).expect("live");
         assert_eq!(meter.frees(), 1);
         assert_eq!(meter.bytes_in_use(), 0);
     }
@@ -359,7 +371,7 @@ mod tests {
         drop(metered);
         assert_eq!(meter.allocs(), 1);
         // Freed behind the meter's back (through the bare device): not counted.
-        bare.free(segment).expect("live");
+        sim_call!(bare.free(segment)).expect("live");
         assert_eq!(meter.bytes_in_use(), 512);
         assert_eq!(sim.bytes_in_use(), 0);
     }

@@ -96,7 +96,13 @@ pub trait DeviceMemory: Send + 'static {
         stream: DeviceStream,
     ) -> Result<DeviceSegment<Self::Handle>, DeviceError>;
     /// Returns a segment to the device.
-    fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError>;
+    ///
+    /// # Safety
+    /// `segment` must be one this device's [`allocate`](Self::allocate) returned and not freed
+    /// since, with no work queued on the device still using it (the engine frees a segment
+    /// only once the events of its blocks completed). A segment is raw device memory: freeing
+    /// one that is still in use lets the device hand its bytes to someone else.
+    unsafe fn free(&mut self, segment: DeviceSegment<Self::Handle>) -> Result<(), DeviceError>;
     /// Free and total bytes of the device.
     fn memory_info(&mut self) -> Result<MemoryInfo, DeviceError>;
     /// Records an event on `stream` at the current point of its work.
@@ -134,7 +140,11 @@ pub trait DeviceMemory: Send + 'static {
     /// bytes each (offset and size multiples of `page`, `page` a multiple of the
     /// granularity), so that any of them can be unmapped alone later; `OutOfMemory` (with
     /// nothing mapped) when the device has no pages left.
-    fn map_range(
+    ///
+    /// # Safety
+    /// `range` must be one this device's [`reserve_range`](Self::reserve_range) returned and
+    /// not released since, and `[offset, offset + size)` unmapped in it.
+    unsafe fn map_range(
         &mut self,
         range: &DeviceSegment<Self::Handle>,
         offset: u64,
@@ -150,7 +160,11 @@ pub trait DeviceMemory: Send + 'static {
     /// failure after some pages went back is [`DeviceError::PartialUnmap`], saying how many
     /// bytes from `offset` on are unmapped (pages are unmapped in address order); any other
     /// error means nothing was unmapped.
-    fn unmap_range(
+    ///
+    /// # Safety
+    /// `range` as for [`map_range`](Self::map_range), `[offset, offset + size)` mapped by it, and
+    /// nothing in that span still in use by anyone but the queued work this call waits for.
+    unsafe fn unmap_range(
         &mut self,
         range: &DeviceSegment<Self::Handle>,
         offset: u64,
@@ -161,7 +175,14 @@ pub trait DeviceMemory: Send + 'static {
     }
 
     /// Gives back a reserved range that has nothing mapped.
-    fn release_range(&mut self, range: DeviceSegment<Self::Handle>) -> Result<(), DeviceError> {
+    ///
+    /// # Safety
+    /// `range` must be one this device's [`reserve_range`](Self::reserve_range) returned and
+    /// not released since, with nothing mapped in it.
+    unsafe fn release_range(
+        &mut self,
+        range: DeviceSegment<Self::Handle>,
+    ) -> Result<(), DeviceError> {
         let _ = range;
         Err(DeviceError::Unsupported("virtual memory"))
     }

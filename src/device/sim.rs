@@ -389,7 +389,7 @@ impl DeviceMemory for SimDevice {
         })
     }
 
-    fn free(&mut self, segment: DeviceSegment<u64>) -> Result<(), DeviceError> {
+    unsafe fn free(&mut self, segment: DeviceSegment<u64>) -> Result<(), DeviceError> {
         let mut state = self.state.lock();
         state.injected(SimCall::Free)?;
         match state.live.get(&segment.address) {
@@ -476,7 +476,7 @@ impl DeviceMemory for SimDevice {
         })
     }
 
-    fn map_range(
+    unsafe fn map_range(
         &mut self,
         range: &DeviceSegment<u64>,
         offset: u64,
@@ -506,7 +506,7 @@ impl DeviceMemory for SimDevice {
         Ok(())
     }
 
-    fn unmap_range(
+    unsafe fn unmap_range(
         &mut self,
         range: &DeviceSegment<u64>,
         offset: u64,
@@ -566,7 +566,7 @@ impl DeviceMemory for SimDevice {
         Ok(())
     }
 
-    fn release_range(&mut self, range: DeviceSegment<u64>) -> Result<(), DeviceError> {
+    unsafe fn release_range(&mut self, range: DeviceSegment<u64>) -> Result<(), DeviceError> {
         let mut state = self.state.lock();
         if !state.range_mut(&range)?.2.is_empty() {
             return Err(DeviceError::Driver(format!(

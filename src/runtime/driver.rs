@@ -197,7 +197,12 @@ pub trait Driver: Send + Sized + 'static {
 
     /// Copies `data` into `dst` on `stream`, after the work already issued there. The server
     /// has already checked that `data` is not empty and fits `dst`.
-    fn write(
+    ///
+    /// # Safety
+    /// `dst` names raw device memory: it must be a resource the server resolved from a live
+    /// handle of this device (its bytes inside a block the engine holds), kept allocated until
+    /// the copy has run on `stream`. A forged or freed resource writes over other memory.
+    unsafe fn write(
         &mut self,
         stream: &mut Self::Stream,
         dst: &Resource<Self>,
@@ -206,7 +211,11 @@ pub trait Driver: Send + Sized + 'static {
 
     /// Copies each `(resource, bytes)` out of the device, after the work already issued on
     /// `stream`. The future yields one `Bytes` of exactly `bytes` length per entry.
-    fn read(
+    ///
+    /// # Safety
+    /// As [`Driver::write`]: each resource resolved from a live handle of this device and kept
+    /// allocated until the future resolves.
+    unsafe fn read(
         &mut self,
         stream: &mut Self::Stream,
         sources: Vec<(Resource<Self>, usize)>,
@@ -266,7 +275,11 @@ pub trait Driver: Send + Sized + 'static {
     /// there, and returns `staging` for the peer with an event recorded after that copy.
     /// The staging copy, not `src`, is what the peer reads: work issued on `stream` later may
     /// write `src` in place (CubeCL's bindings do not keep a tensor from being mutated).
-    fn export(
+    ///
+    /// # Safety
+    /// As [`Driver::write`], for `src` and `staging`, `len` within both; `staging` kept
+    /// allocated until the peer's import has completed.
+    unsafe fn export(
         &mut self,
         stream: &mut Self::Stream,
         src: &Resource<Self>,
@@ -281,7 +294,11 @@ pub trait Driver: Send + Sized + 'static {
     /// returns an event recorded after the copy, which the source's server waits for before
     /// it reuses the staging block. An error means no copy is running (a driver that issued
     /// the copy but cannot record the event waits for the stream before it returns the error).
-    fn import(
+    ///
+    /// # Safety
+    /// As [`Driver::write`] for `dst`; `src` is what a peer's [`Driver::export`] returned, its
+    /// staging block still allocated.
+    unsafe fn import(
         &mut self,
         stream: &mut Self::Stream,
         dst: &Resource<Self>,
@@ -293,7 +310,11 @@ pub trait Driver: Send + Sized + 'static {
 
     /// An all-reduce on the device, issued on `stream` after the work issued there
     /// ([`DeviceReduce::Issued`]), or [`DeviceReduce::Host`] for the server's host path.
-    fn all_reduce(
+    ///
+    /// # Safety
+    /// As [`Driver::write`], for every resource of `collective`, each kept allocated until the
+    /// collective has run.
+    unsafe fn all_reduce(
         &mut self,
         stream: &mut Self::Stream,
         collective: Collective<'_, Self>,

@@ -25,8 +25,9 @@
 //! Files: `storage` (the `ComputeStorage`), `stream_memory` (one stream's manager and its
 //! reclaim policy), `server/` (the `ComputeServer`, one file per concern), `driver` (the trait
 //! a device API implements), `error` (typed driver errors), `env` (the environment variables
-//! read when a device opens), `comm_path` (host or device path between devices), `registry` (where the user API finds a device's allocator, and
-//! the configurations given in code for devices not yet open).
+//! read when a device opens), `comm_path` (host or device path between devices), `open` (a device opened on the caller's thread, so that the reason
+//! it cannot open reaches the caller), `registry` (where the user API finds a device's
+//! allocator, and the configurations given in code for devices not yet open).
 
 mod storage;
 mod stream_memory;
@@ -39,6 +40,8 @@ mod driver;
 pub(crate) mod env;
 #[cfg(feature = "runtime")]
 mod error;
+#[cfg(feature = "runtime")]
+pub(crate) mod open;
 #[cfg(feature = "runtime")]
 pub(crate) mod registry;
 #[cfg(feature = "runtime")]

@@ -54,6 +54,19 @@ struct Registry {
     opened: HashSet<Key>,
     /// Configurations given in code, waiting for their device to open.
     pending: HashMap<Key, AllocatorConfig>,
+    /// Devices whose server could not open, with the reason (returned again on every try).
+    failed: HashMap<Key, super::error::DriverError>,
+}
+
+/// Where a device stands (see [`open_state`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum OpenState {
+    /// No server started to open it.
+    NotOpened,
+    /// A server opened it (or is opening it).
+    Opened,
+    /// A server tried and could not, for this reason.
+    Failed(super::error::DriverError),
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -87,6 +100,24 @@ pub(crate) fn lookup<M: DeviceMemory>(device: DeviceId) -> Option<DeviceEntry<M>
         allocator: entry.allocator.upgrade()?,
         cubecl: entry.cubecl.upgrade()?,
     })
+}
+
+/// Whether a server with memory type `M` opened `device`, failed to, or never tried.
+pub(crate) fn open_state<M: DeviceMemory>(device: DeviceId) -> OpenState {
+    let registry = registry().lock();
+    let key = key::<M>(device);
+    if let Some(err) = registry.failed.get(&key) {
+        OpenState::Failed(err.clone())
+    } else if registry.opened.contains(&key) {
+        OpenState::Opened
+    } else {
+        OpenState::NotOpened
+    }
+}
+
+/// Records why `device` could not open: [`open_state`] returns it from now on.
+pub(crate) fn record_failure<M: DeviceMemory>(device: DeviceId, err: super::error::DriverError) {
+    registry().lock().failed.insert(key::<M>(device), err);
 }
 
 /// Leaves `config` for `device`, to be taken when it opens; `false` (and nothing left) when a

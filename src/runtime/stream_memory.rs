@@ -513,6 +513,13 @@ impl<D: DeviceMemory> StreamMemory<D> {
         reserved >= self.reserved_mark + self.reserved_mark / GROWTH_STEP
     }
 
+    /// Hands every free CubeCL slice of this stream back to the engine outside the reclaim
+    /// policy: for a reading of the numbers (`memory_stats`, a snapshot, `empty_cache`), which
+    /// must leave the counters and the marks the policy decides its next walks by as they were.
+    pub fn hand_back(&mut self) {
+        self.manager.cleanup(true);
+    }
+
     /// Hands every free CubeCL slice of this stream back to the engine.
     pub fn reclaim(&mut self) {
         let visited = self.manager.storage().blocks();

@@ -465,7 +465,7 @@ impl Driver for WgpuDriver {
         Ok(())
     }
 
-    fn write(
+    unsafe fn write(
         &mut self,
         _stream: &mut WgpuStream,
         dst: &Resource<Self>,
@@ -489,7 +489,7 @@ impl Driver for WgpuDriver {
         Ok(())
     }
 
-    fn read(
+    unsafe fn read(
         &mut self,
         _stream: &mut WgpuStream,
         sources: Vec<(Resource<Self>, usize)>,

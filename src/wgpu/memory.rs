@@ -111,7 +111,7 @@ impl DeviceMemory for WgpuMemory {
         })
     }
 
-    fn free(&mut self, segment: DeviceSegment<wgpu::Buffer>) -> Result<(), DeviceError> {
+    unsafe fn free(&mut self, segment: DeviceSegment<wgpu::Buffer>) -> Result<(), DeviceError> {
         // Dropping (not destroying) the buffer: wgpu keeps it alive while recorded or submitted
         // work still uses it, and releases the memory afterwards.
         drop(segment.handle);

@@ -1,6 +1,6 @@
 //! `CachingWgpuRuntime`: the caching server over wgpu (Vulkan, Metal, DX12; lavapipe on a CPU).
 
-use cubecl_common::device::DeviceId;
+use cubecl_common::device::{Device, DeviceId};
 use cubecl_core::zspace::{Shape, Strides};
 use cubecl_ir::TargetProperties;
 use cubecl_runtime::client::ComputeClient;
@@ -22,7 +22,12 @@ impl Runtime for CachingWgpuRuntime {
     type Server = CachingServer<WgpuDriver>;
     type Device = WgpuDevice;
 
+    /// # Panics
+    /// When the device cannot open, with the reason, on the calling thread (see
+    /// `backend::open`, which returns it instead).
     fn client(device: &WgpuDevice) -> ComputeClient<Self> {
+        crate::runtime::open::ensure_open::<WgpuDriver>(device.to_id())
+            .unwrap_or_else(|err| panic!("caching allocator: cannot open {device:?}: {err}"));
         ComputeClient::load(device)
     }
 

@@ -144,3 +144,72 @@ fn large_writes_and_reads_through_pinned_staging_are_exact_with_copies_still_que
         }
     }
 }
+
+/// Issue 33: a device that cannot open (here an index past the fake's six devices) made
+/// CubeCL's device thread panic and the caller see `RecvError`. `backend::open` returns why,
+/// on the caller's thread, the same error on every try; `Runtime::client` panics with it.
+#[test]
+fn a_device_past_the_last_one_is_an_error_for_the_caller_not_a_dead_thread() {
+    let Some(driver) = fake_or_skip() else { return };
+    let missing = CudaDevice::new(9);
+    let err = backend::open(&missing).expect_err("there is no tenth device");
+    let text = err.to_string();
+    assert!(
+        text.contains("cuDeviceGet") || text.contains("device"),
+        "{text}"
+    );
+    assert_eq!(backend::open(&missing), Err(err.clone()));
+    let panic = std::panic::catch_unwind(|| CachingCudaRuntime::client(&missing))
+        .err()
+        .expect("client panics on the caller's thread");
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains(&err.to_string()), "{message}");
+    finish(&driver);
+}
+
+/// A copy from device 0 to itself (`to_client_tensor` from a client to itself: the server's
+/// `send` and `recv`, `cuMemcpyDtoDAsync` in one context from a staging block) arrives exact
+/// in a new block of the same allocator, under every scheduler mode, and the source is
+/// untouched.
+#[test]
+fn a_copy_to_the_same_device_is_exact_under_every_schedule() {
+    use cubecl_ir::{ElemType, FloatKind};
+    use cubecl_runtime::server::CopyDescriptor;
+
+    let Some(driver) = fake_or_skip() else { return };
+    let _turn = DEVICE_0.lock();
+    let _real = driver.real_turn();
+    let device = device();
+    let modes: &[crate::fake_cuda::Schedule] = match driver.fake() {
+        Some(_) => &crate::fake_cuda::SCHEDULES,
+        None => &[crate::fake_cuda::Schedule::Eager],
+    };
+    for (round, mode) in modes.iter().enumerate() {
+        if let Some(fake) = driver.fake() {
+            fake.set_schedule(*mode, round as u64);
+        }
+        let mut client: ComputeClient<CachingCudaRuntime> = CachingCudaRuntime::client(&device);
+        let data = pattern(4096 * 4, round as u8);
+        let source = client.create(Bytes::from_bytes_vec(data.clone()));
+        client.flush().expect("flush");
+        let before = backend::memory_stats(&device).memory_allocated();
+        let desc = CopyDescriptor::new(source.clone().binding(), [4096].into(), [1].into(), 4);
+        let same = client.clone();
+        let copy = client.to_client_tensor(desc, &same, ElemType::Float(FloatKind::F32));
+        assert_eq!(
+            client.read_one(copy.clone()).expect("read").to_vec(),
+            data,
+            "{mode:?}"
+        );
+        // 16 KiB, in a block of its own beside the live source.
+        assert_eq!(
+            backend::memory_stats(&device).memory_allocated() - before,
+            16 * 1024,
+            "{mode:?}"
+        );
+        assert_eq!(client.read_one(source).expect("read").to_vec(), data);
+        drop(copy);
+    }
+    backend::empty_cache(&device);
+    finish(&driver);
+}

@@ -273,3 +273,27 @@ fn expandable_segments_snapshot_and_history_pass_the_checker() {
         alloc.free(a).expect("live");
     }
 }
+
+/// Issue 33: `torch_snapshot_pickle(&snapshot, u32::MAX)` built four billion empty
+/// `device_traces` lists (one per device index up to the given one, as PyTorch's
+/// `_snapshot` lists one per device). The index is now CubeCL's `u16`: the largest one
+/// gives 65,536 lists and a pickle well under a MiB, the history in the last list.
+#[test]
+fn the_largest_device_index_gives_a_bounded_pickle() {
+    use burn_caching_alloc::alloc::inspect::torch_snapshot_pickle;
+    let (alloc, _device) = allocator(64 * MIB, "");
+    let kept = alloc.malloc(MIB, S0).expect("fits");
+    let snapshot = alloc.snapshot();
+    let small = torch_snapshot_pickle(&snapshot, 0).len();
+    let largest = torch_snapshot_pickle(&snapshot, u16::MAX).len();
+    // Each extra empty list is a couple of opcodes: the pickle grows by a few bytes per device.
+    assert!(
+        largest > small + usize::from(u16::MAX),
+        "{small} -> {largest}"
+    );
+    assert!(
+        largest < small + 8 * (usize::from(u16::MAX) + 1),
+        "{small} -> {largest}"
+    );
+    alloc.free(kept).expect("live");
+}

@@ -41,7 +41,9 @@ fn mapping_more_than_the_device_holds_is_out_of_memory_and_maps_nothing() {
         .reserve_range(size, DeviceStream(0))
         .expect("reserve");
     let free_before = memory.memory_info().expect("cuMemGetInfo").free;
-    match memory.map_range(&range, 0, size, page) {
+    // SAFETY (this and the calls below): the range was reserved above and is released once;
+    // each map covers unmapped pages, each unmap mapped ones, no work uses them.
+    match unsafe { memory.map_range(&range, 0, size, page) } {
         Err(DeviceError::OutOfMemory { .. }) => {}
         other => panic!("mapping {size} bytes on a {total}-byte device: {other:?}"),
     }
@@ -51,9 +53,9 @@ fn mapping_more_than_the_device_holds_is_out_of_memory_and_maps_nothing() {
         "the pages mapped before the failure were given back ({free_before} -> {free_after})"
     );
     // The range is intact: one page maps, and goes back.
-    memory.map_range(&range, 0, page, page).expect("one page");
-    memory.unmap_range(&range, 0, page).expect("unmap");
-    memory.release_range(range).expect("release");
+    unsafe { memory.map_range(&range, 0, page, page) }.expect("one page");
+    unsafe { memory.unmap_range(&range, 0, page) }.expect("unmap");
+    unsafe { memory.release_range(range) }.expect("release");
 }
 
 #[test]
@@ -64,7 +66,9 @@ fn one_map_of_several_pages_is_readable_and_writable_across_them() {
     let range = memory
         .reserve_range(8 * page, DeviceStream(0))
         .expect("reserve");
-    memory.map_range(&range, page, 3 * page, page).expect("map");
+    // SAFETY (this and the calls below): the range was reserved above and is released once;
+    // the map covers unmapped pages, the unmap the same ones after the synchronous copies.
+    unsafe { memory.map_range(&range, page, 3 * page, page) }.expect("map");
     let data: Vec<u8> = (0..3 * page).map(|i| (i % 253) as u8).collect();
     let mut back = vec![0u8; data.len()];
     // SAFETY: `[page, 4 * page)` of the range is mapped; the context is current after the map.
@@ -76,6 +80,6 @@ fn one_map_of_several_pages_is_readable_and_writable_across_them() {
         back == data,
         "every page of the run is readable and writable"
     );
-    memory.unmap_range(&range, page, 3 * page).expect("unmap");
-    memory.release_range(range).expect("release");
+    unsafe { memory.unmap_range(&range, page, 3 * page) }.expect("unmap");
+    unsafe { memory.release_range(range) }.expect("release");
 }

@@ -108,6 +108,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// Maps the pages covering the first `size` bytes of unmapped block `to_map` (PyTorch's
     /// `map_block`), merges them with free neighbours and lists the result, which it returns;
     /// `None` when the device has no pages left (nothing changes then).
+    #[allow(unsafe_code)] // the device's map (SAFETY inside)
     fn map_block(&mut self, to_map: BlockId, size: u64) -> Result<Option<BlockId>, AllocError> {
         let pool = self.blocks.pool(to_map);
         let stream = self.blocks.stream(to_map);
@@ -125,10 +126,12 @@ impl<D: DeviceMemory> Engine<D> {
         {
             return Ok(None);
         }
-        match self
-            .device
-            .map_range(&self.range_of(to_map), offset, len, page)
-        {
+        // SAFETY: the range is this segment's, reserved by this device and released only when
+        // its last page is unmapped; `to_map` is listed unmapped, so its pages are.
+        match unsafe {
+            self.device
+                .map_range(&self.range_of(to_map), offset, len, page)
+        } {
             Ok(()) => {}
             Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -208,6 +211,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// Unmaps the whole pages inside free block `block` (PyTorch's `unmap_block`): the
     /// partial pages before and after stay mapped as free blocks, the unmapped part merges
     /// with unmapped neighbours. Returns the bytes unmapped.
+    #[allow(unsafe_code)] // the device's unmap (SAFETY inside)
     fn unmap_block(&mut self, block: BlockId) -> Result<u64, AllocError> {
         let pool = self.blocks.pool(block);
         let stream = self.blocks.stream(block);
@@ -224,10 +228,12 @@ impl<D: DeviceMemory> Engine<D> {
         // A failure part-way unmapped the pages up to some point: the block is split there, so
         // that no block is listed as mapped over pages that are gone.
         let (end, failure) =
-            match self
-                .device
-                .unmap_range(&self.range_of(block), begin, end - begin)
-            {
+            // SAFETY: the block is free and mapped (listed so), its stream uses completed
+            // (a free block has no pending event), and the range is its segment's.
+            match unsafe {
+                self.device
+                    .unmap_range(&self.range_of(block), begin, end - begin)
+            } {
                 Ok(()) => (end, None),
                 Err(DeviceError::PartialUnmap { unmapped, reason })
                     if unmapped > 0 && unmapped <= end - begin && unmapped.is_multiple_of(page) =>
@@ -272,6 +278,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// Unmaps the whole pages of every free block in the expandable segments of `pool`, then
     /// gives back every range left with nothing mapped. Returns the bytes unmapped. A failure
     /// goes to `failed`, which stops the release by returning it or lets it go on.
+    #[allow(unsafe_code)] // the device's release of a range (SAFETY inside)
     pub fn release_expandable(
         &mut self,
         pool: PoolKind,
@@ -298,7 +305,9 @@ impl<D: DeviceMemory> Engine<D> {
         for block in empty {
             let range = self.range_of(block);
             let key = self.unmapped_key(block);
-            if let Err(e) = self.device.release_range(range) {
+            // SAFETY: the segment's range, reserved by this device and not released (its key is
+            // listed); its one block spans it unmapped, so nothing is mapped in it.
+            if let Err(e) = unsafe { self.device.release_range(range) } {
                 failed(e.into())?;
                 continue;
             }

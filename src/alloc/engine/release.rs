@@ -60,15 +60,20 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// Returns the segment of a listed free block that spans it whole to the device.
+    #[allow(unsafe_code)] // the device's free (SAFETY inside)
     fn release_segment(&mut self, block: BlockId) -> Result<u64, AllocError> {
         debug_assert!(!self.blocks[block].is_split());
         let s = self.blocks.segment_of(block);
         let (address, size, pool) = (s.address, s.size, s.pool);
-        self.device.free(DeviceSegment {
-            address,
-            size,
-            handle: s.handle.clone(),
-        })?;
+        // SAFETY: the segment was allocated by this device and is listed, so not freed; its one
+        // free block spans it, and a listed free block has no stream use still pending.
+        unsafe {
+            self.device.free(DeviceSegment {
+                address,
+                size,
+                handle: s.handle.clone(),
+            })
+        }?;
         self.unlist(block);
         self.blocks.remove_segment(block);
         self.stats.segment.decrease(pool, 1);

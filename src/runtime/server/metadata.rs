@@ -114,7 +114,9 @@ pub(super) fn upload<D: Driver>(
         .manager()
         .get_resource(scratch.handle.clone().binding().memory, None, None)
         .map_err(ServerError::Io)?;
-    driver.write(&mut stream.driver, &resource, &bytes)?;
+    // SAFETY: `resource` was just resolved from the stream's live metadata scratch, which the
+    // stream keeps bound (and allocated) for as long as it exists.
+    unsafe { driver.write(&mut stream.driver, &resource, &bytes) }?;
     Ok(resource)
 }
 

@@ -143,7 +143,7 @@ impl<D: Driver> CachingServer<D> {
             config.expandable_segments = true;
         }
         let allocator = Arc::new(CachingAllocator::new(memory, config)?);
-        allocator.set_device_index(u32::from(device.index_id));
+        allocator.set_device_index(device.index_id);
         allocator.dump_snapshot_on_oom(oom_snapshot_path());
         // Requests run inside the server's task: observers run where they may call back into
         // the server (statistics, `empty_cache`) like any other thread.
@@ -186,7 +186,7 @@ impl<D: Driver> CachingServer<D> {
     /// given in code (`backend::configure`) if any, else `BURN_CACHING_ALLOC_CONF`; the driver
     /// opened; the server over it ([`CachingServer::new`]), with expandable segments on where
     /// the device has virtual memory and the configuration did not choose.
-    fn open(device_id: DeviceId) -> Result<Self, DriverError> {
+    pub(crate) fn open(device_id: DeviceId) -> Result<Self, DriverError> {
         let configured = registry::take_config::<D::Memory>(device_id);
         let source = if configured.is_some() {
             "backend::configure"
@@ -343,6 +343,11 @@ impl<D: Driver> CachingServer<D> {
     /// what CubeCL had cached can still be reported. Nothing goes back to the device: the
     /// slices become free engine blocks, reserved and cached by the engine.
     pub fn hand_back_free_slices(&mut self) -> CubeclLayerUsage {
+        // Buffers held for other streams or peers whose work has completed are free too (a
+        // staging block once the peer's copy is done): a reading counts what is still in use.
+        if let Err(err) = release_completed(&mut self.driver, &mut self.uses) {
+            log::error!("caching allocator: polling cross-stream uses failed: {err}");
+        }
         let before = self.cubecl_layer();
         for id in self.streams.ids() {
             // As for `memory_cleanup`: the work submitted so far is issued before its slices
@@ -353,7 +358,9 @@ impl<D: Driver> CachingServer<D> {
             }
             let stream = self.streams.get(&mut self.driver, id);
             stream.metadata = None;
-            stream.memory.reclaim();
+            // Outside the reclaim policy: a reading neither counts as the workload's reclaim
+            // work nor moves the marks the policy decides the next walks by.
+            stream.memory.hand_back();
         }
         self.cubecl_layer();
         before
@@ -376,9 +383,9 @@ fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
 
 impl<D: Driver> DeviceService for CachingServer<D> {
     fn init(device_id: DeviceId) -> Self {
-        // CubeCL opens devices lazily and gives this call no way to fail: a device that cannot
-        // be opened, or a configuration that does not parse or that the device cannot serve
-        // (expandable segments without virtual memory), stops here with the reason.
+        // Reached only when a device is opened without `open::ensure_open` (which builds the
+        // server on the caller's thread and returns why it cannot open): CubeCL gives this
+        // call no way to fail, so a device that cannot be opened stops here with the reason.
         Self::open(device_id)
             .unwrap_or_else(|err| panic!("caching allocator: cannot open {device_id}: {err}"))
     }
@@ -448,7 +455,9 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
             return ready(Err(err));
         }
         let (driver, driver_stream) = self.split(stream_id);
-        let copied = driver.read(driver_stream, sources);
+        // SAFETY: every source was resolved from a live handle above, and `keep` holds their
+        // bindings in the future, so no layer hands their memory out before the copy completed.
+        let copied = unsafe { driver.read(driver_stream, sources) };
         // Another stream's buffer read here is held until an event after the copy completed,
         // even if the future is dropped unawaited.
         if let Err(err) = self.hold_until_done(stream_id, foreign) {
@@ -590,7 +599,10 @@ impl<D: Driver> CachingServer<D> {
         note_rewrites(&mut self.streams, stream_id, &[used]);
         self.advance(stream_id);
         let (driver, driver_stream) = self.split(stream_id);
-        let written = driver.write(driver_stream, &resource, data);
+        // SAFETY: `resource` was resolved from a live handle above and `data` fits it (checked);
+        // the handle's binding outlives this call, and the server frees nothing before the
+        // stream's work that uses it has run.
+        let written = unsafe { driver.write(driver_stream, &resource, data) };
         self.hold_until_done(stream_id, foreign.into_iter().collect())?;
         written
     }

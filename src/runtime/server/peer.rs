@@ -150,7 +150,10 @@ impl<D: Driver> CachingServer<D> {
         let staging_resource = self.resolve_binding(staging.clone().binding())?;
         self.advance(stream_id);
         let (driver, driver_stream) = self.split(stream_id);
-        let exported = driver.export(driver_stream, &src, &staging_resource, len);
+        // SAFETY: `src` and `staging_resource` were resolved from live handles (the source's
+        // binding, and the staging block reserved above, which the posting holds until the
+        // peer's copy completed); `len` fits both (checked above, and the staging's size).
+        let exported = unsafe { driver.export(driver_stream, &src, &staging_resource, len) };
         // Another stream's source is held until the staging copy is done.
         self.hold_until_done(stream_id, foreign.into_iter().collect())?;
         let buffer = exported?;
@@ -184,7 +187,9 @@ impl<D: Driver> CachingServer<D> {
             let dst = self.resolve_binding(handle.binding())?;
             self.advance(stream_id);
             let (driver, driver_stream) = self.split(stream_id);
-            driver.import(driver_stream, &dst, &parcel.buffer)
+            // SAFETY: `dst` was resolved from the handle just reserved and bound; the parcel's
+            // buffer is the peer's staging block, held until this copy's event completes.
+            unsafe { driver.import(driver_stream, &dst, &parcel.buffer) }
         })();
         let mut copy = parcel.copy.lock();
         match copied {
@@ -249,18 +254,23 @@ impl<D: Driver> CachingServer<D> {
         let (dst_resource, dst_use, dst_foreign) = self.resolve_use(dst.clone(), stream_id)?;
         self.order_after(stream_id, &[src_use, dst_use])?;
         let (driver, driver_stream) = self.split(stream_id);
-        let reduced = driver.all_reduce(
-            driver_stream,
-            Collective {
-                src: &src_resource,
-                dst: &dst_resource,
-                len,
-                dtype,
-                op,
-                group,
-                rank,
-            },
-        )?;
+        // SAFETY: both resources were resolved from live handles just above; `len` fits `dst`
+        // (checked) and `src` (its binding's size); both are held until an event after the
+        // collective (below).
+        let reduced = unsafe {
+            driver.all_reduce(
+                driver_stream,
+                Collective {
+                    src: &src_resource,
+                    dst: &dst_resource,
+                    len,
+                    dtype,
+                    op,
+                    group,
+                    rank,
+                },
+            )
+        }?;
         if reduced == DeviceReduce::Issued {
             note_rewrites(&mut self.streams, stream_id, &[dst_use]);
             self.advance(stream_id);

@@ -216,7 +216,7 @@ impl Driver for Recording {
         Ok(())
     }
 
-    fn write(
+    unsafe fn write(
         &mut self,
         _stream: &mut DeviceStream,
         dst: &Resource<Self>,
@@ -229,7 +229,7 @@ impl Driver for Recording {
         Ok(())
     }
 
-    fn read(
+    unsafe fn read(
         &mut self,
         _stream: &mut DeviceStream,
         sources: Vec<(Resource<Self>, usize)>,
@@ -291,7 +291,7 @@ impl Driver for Recording {
         self.seen.lock().peer_copies
     }
 
-    fn export(
+    unsafe fn export(
         &mut self,
         _stream: &mut DeviceStream,
         src: &Resource<Self>,
@@ -312,7 +312,7 @@ impl Driver for Recording {
         Ok(PeerBytes(bytes))
     }
 
-    fn import(
+    unsafe fn import(
         &mut self,
         _stream: &mut DeviceStream,
         dst: &Resource<Self>,
@@ -995,6 +995,60 @@ fn expandable_segments_without_virtual_memory_are_refused_by_the_engine_and_the_
     let device = opened_device();
     next_opened(SimDevice::new(1 << 30).without_virtual_memory());
     assert!(CachingServer::<Recording>::open(device).is_ok());
+}
+
+/// Issue 33: a device that could not open panicked on CubeCL's device thread, and the caller
+/// saw only `RecvError`. `open::ensure_open` (behind `Runtime::client` and `backend::open`)
+/// opens on the caller's thread and returns the reason, the same one on every later call
+/// without trying again; a device that opens is then served by CubeCL's device thread.
+#[test]
+fn a_device_that_cannot_open_tells_the_caller_why_on_every_try() {
+    use super::super::open::ensure_open;
+    use super::super::registry::{self, OpenState};
+    use cubecl_common::device_handle::DeviceHandle;
+
+    let device = opened_device();
+    let expandable = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    assert!(registry::configure::<Metered<SimDevice>>(
+        device, expandable
+    ));
+    next_opened(SimDevice::new(1 << 30).without_virtual_memory());
+    let err = ensure_open::<Recording>(device).expect_err("refused");
+    assert!(
+        matches!(
+            &err,
+            DriverError::Config { var: "backend::configure", source }
+                if source.to_string().contains("expandable_segments")
+        ),
+        "{err:?}"
+    );
+    // Again: the same error, and the device is not opened a second time (the driver left for
+    // a second opening stays where it was put).
+    let second = next_opened(SimDevice::new(1 << 30));
+    assert_eq!(ensure_open::<Recording>(device), Err(err.clone()));
+    assert_eq!(
+        registry::open_state::<Metered<SimDevice>>(device),
+        OpenState::Failed(err)
+    );
+    assert_eq!(second.lock().memory_opened, 0);
+
+    // A device that opens (with the driver left above): registered, and its server is the one
+    // CubeCL's device thread runs.
+    let device = opened_device();
+    ensure_open::<Recording>(device).expect("the device opens");
+    assert_eq!(second.lock().memory_opened, 1);
+    assert_eq!(
+        registry::open_state::<Metered<SimDevice>>(device),
+        OpenState::Opened
+    );
+    let handle = DeviceHandle::<CachingServer<Recording>>::new(device);
+    let engine = handle
+        .submit_blocking(|server| Arc::as_ptr(server.allocator()) as usize)
+        .expect("the device thread answers");
+    let registered = registry::lookup::<Metered<SimDevice>>(device).expect("registered");
+    assert_eq!(engine, Arc::as_ptr(&registered.allocator) as usize);
+    // Opening an open device does nothing.
+    assert_eq!(ensure_open::<Recording>(device), Ok(()));
 }
 
 /// Issue 33: CubeCL's `StorageHandle::offset_start`/`offset_end` subtract unchecked, so a

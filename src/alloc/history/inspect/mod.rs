@@ -35,16 +35,17 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), InspectError> {
     })
 }
 
-/// `snapshot` pickled in the format of `torch.cuda.memory._snapshot()`, for CUDA device index
-/// `device` (`device_traces` has `device + 1` lists; the history goes in the last).
-pub fn torch_snapshot_pickle(snapshot: &Snapshot, device: u32) -> Vec<u8> {
+/// `snapshot` pickled in the format of `torch.cuda.memory._snapshot()`, for device index
+/// `device` (`device_traces` has `device + 1` lists; the history goes in the last). The index
+/// is CubeCL's (a `u16`), which bounds those lists: at most 65,536, about 128 KiB of pickle.
+pub fn torch_snapshot_pickle(snapshot: &Snapshot, device: u16) -> Vec<u8> {
     pickle::to_pickle(&torch_format::torch_snapshot(snapshot, device))
 }
 
 /// Writes [`torch_snapshot_pickle`] to `path` (PyTorch's `_dump_snapshot`).
 pub fn write_torch_snapshot(
     snapshot: &Snapshot,
-    device: u32,
+    device: u16,
     path: &Path,
 ) -> Result<(), InspectError> {
     write(path, &torch_snapshot_pickle(snapshot, device))

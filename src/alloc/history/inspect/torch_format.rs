@@ -109,7 +109,7 @@ fn allocator_settings(config: &AllocatorConfig) -> Py {
 }
 
 /// `snapshot` as PyTorch's snapshot dict for device index `device`, stacks resolved.
-pub(crate) fn torch_snapshot(snapshot: &Snapshot, device: u32) -> Py {
+pub(crate) fn torch_snapshot(snapshot: &Snapshot, device: u16) -> Py {
     let mut resolver = StackResolver::new();
     let segments = snapshot
         .segments
