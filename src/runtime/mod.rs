@@ -25,7 +25,8 @@
 //! Files: `storage` (the `ComputeStorage`), `stream_memory` (one stream's manager and its
 //! reclaim policy), `server/` (the `ComputeServer`, one file per concern), `driver` (the trait
 //! a device API implements), `error` (typed driver errors), `env` (the environment variables
-//! read when a device opens), `comm_path` (host or device path between devices), `registry` (where the user API finds a device's allocator, and
+//! read when a device opens), `comm_path` (host or device path between devices), `pinned_host` (the numbers of a
+//! driver's pinned host pool), `registry` (where the user API finds a device's allocator, and
 //! the configurations given in code for devices not yet open).
 
 mod storage;
@@ -40,6 +41,8 @@ pub(crate) mod env;
 #[cfg(feature = "runtime")]
 mod error;
 #[cfg(feature = "runtime")]
+mod pinned_host;
+#[cfg(feature = "runtime")]
 pub(crate) mod registry;
 #[cfg(feature = "runtime")]
 pub(crate) mod server;
@@ -52,6 +55,8 @@ pub use driver::{Collective, DeviceReduce, Driver, Launch, LaunchCount, Metadata
 pub use env::{OOM_SNAPSHOT_ENV, TRACE_ENV};
 #[cfg(feature = "runtime")]
 pub use error::DriverError;
+#[cfg(feature = "runtime")]
+pub use pinned_host::{CallTime, PinnedHostPool, PinnedHostStats};
 #[cfg(feature = "runtime")]
 pub use server::{CachingServer, CallerStackPolicy, CubeclLayerUsage};
 pub use storage::{EngineResource, EngineStorage, Growth, PersistentManager, persistent_manager};
