@@ -220,6 +220,53 @@ pub struct AllocatorConfig {
     /// (counted in `num_oom_rejections`). Without a fraction below 1 it changes nothing.
     #[serde(default)]
     pub throw_on_cudamalloc_oom: bool,
+    /// Named after PyTorch's `PYTORCH_NO_CUDA_MEMORY_CACHING` switch (read by
+    /// `forceUncachedAllocator`), off by default: nothing is cached. Every request gets a
+    /// device allocation of its own (its size rounded to 512 bytes, never split, never shared),
+    /// and every free returns it to the device once an event recorded on its stream (and on
+    /// every stream `record_stream` named) has completed, so that compute-sanitizer's memcheck
+    /// sees an out-of-bounds access past a block as one past its allocation. The statistics
+    /// keep their meaning (a segment per live block). Placement keys (`max_split_size_mb`,
+    /// `roundup_power2_divisions`, `garbage_collection_threshold`, `pool_borrowing`,
+    /// `cross_stream_reuse`) have nothing to act on; `expandable_segments` is refused with it.
+    #[serde(default)]
+    pub no_cuda_memory_caching: bool,
+    /// The pinned host pool that stages copies between host and device (CUDA only; wgpu has
+    /// none): `pinned_max_idle_mb`, `pinned_max_cached_size_mb`,
+    /// `pinned_reserve_segment_size_mb`.
+    #[serde(default)]
+    pub pinned: PinnedHostConfig,
+}
+
+/// The pinned host pool's limits (the CUDA backend's staging buffers for uploads and reads,
+/// `src/cuda/staging.rs`). Read when the device opens; a later `set_allocator_settings`
+/// changes the configuration shown but not the open pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PinnedHostConfig {
+    /// Idle pinned bytes kept for reuse (`pinned_max_idle_mb`, ours; 256 MiB by default): a
+    /// buffer released beyond it goes back to the driver (`cuMemFreeHost`). PyTorch keeps
+    /// every idle pinned block until `host_empty_cache`.
+    pub max_idle: u64,
+    /// PyTorch's `pinned_max_cached_size_mb` (`CachingHostAllocator`'s `size <=
+    /// pinned_max_cached_size()` test): a buffer larger than this is never kept idle but goes
+    /// back to the driver when released. `None` (the default, as PyTorch's): no such limit.
+    pub max_cached_size: Option<u64>,
+    /// PyTorch's `pinned_reserve_segment_size_mb`: one pinned allocation of this many bytes
+    /// made when the device opens, from which buffers are carved before the driver is asked
+    /// (buffers carved from it are always kept idle, and it is freed only with the pool). 0
+    /// (the default): none.
+    pub reserve_segment: u64,
+}
+
+impl Default for PinnedHostConfig {
+    fn default() -> Self {
+        Self {
+            max_idle: 256 * MIB,
+            max_cached_size: None,
+            reserve_segment: 0,
+        }
+    }
 }
 
 /// The rule of configurations serialised before `segment_sizing` existed.
@@ -241,6 +288,8 @@ impl Default for AllocatorConfig {
             pool_borrowing: true,
             cross_stream_reuse: true,
             throw_on_cudamalloc_oom: false,
+            no_cuda_memory_caching: false,
+            pinned: PinnedHostConfig::default(),
         }
     }
 }
@@ -289,6 +338,7 @@ impl AllocatorConfig {
             }
             seen.push(config.apply(key, value)?);
         }
+        config.refuse_conflicts()?;
         Ok((config, seen))
     }
 
@@ -322,6 +372,7 @@ impl AllocatorConfig {
         if let Some(fraction) = self.memory_fraction {
             validate_memory_fraction(fraction)?;
         }
+        self.refuse_conflicts()?;
         if let Some(n) = self
             .roundup_power2_divisions
             .buckets
@@ -333,6 +384,21 @@ impl AllocatorConfig {
                 &n.to_string(),
                 "0 or a power of two",
             ));
+        }
+        Ok(())
+    }
+
+    /// Refuses keys that contradict each other: `no_cuda_memory_caching` gives every request a
+    /// device allocation of its own, which `expandable_segments` (pages mapped into one growing
+    /// range per stream) cannot.
+    fn refuse_conflicts(&self) -> Result<(), ConfigError> {
+        if self.no_cuda_memory_caching && self.expandable_segments {
+            return Err(ConfigError::Unsupported {
+                key: "expandable_segments".into(),
+                reason: "no_cuda_memory_caching gives every request a device allocation of its \
+                         own; set one of them, not both"
+                    .into(),
+            });
         }
         Ok(())
     }
@@ -374,7 +440,7 @@ macro_rules! key {
 }
 
 /// Every key the configuration string accepts, one row each (a new key is a new row).
-const KEYS: [Key; 12] = [
+const KEYS: [Key; 16] = [
     key!("expandable_segments", |config, key, value| {
         config.expandable_segments = parse_true_false(key, value)?
     }),
@@ -422,6 +488,18 @@ const KEYS: [Key; 12] = [
     key!("history_capacity", |config, key, value| {
         let entries = parse_integer(key, value, 1, MAX_HISTORY_CAPACITY)? as usize;
         config.history = config.history.with_max_entries(entries)
+    }),
+    key!("no_cuda_memory_caching", |config, key, value| {
+        config.no_cuda_memory_caching = parse_true_false(key, value)?
+    }),
+    key!("pinned_max_idle_mb", |config, key, value| {
+        config.pinned.max_idle = parse_mib(key, value)?
+    }),
+    key!("pinned_max_cached_size_mb", |config, key, value| {
+        config.pinned.max_cached_size = Some(parse_mib(key, value)?)
+    }),
+    key!("pinned_reserve_segment_size_mb", |config, key, value| {
+        config.pinned.reserve_segment = parse_mib(key, value)?
     }),
 ];
 
@@ -513,6 +591,12 @@ fn parse_megabytes(key: &str, value: &str) -> Result<u64, ConfigError> {
             &format!("a whole number of MiB, at least {MIN_SPLIT_MB}"),
         )),
     }
+}
+
+/// A whole number of MiB, 0 included, as bytes (the pinned pool's sizes; at most what a
+/// 64-bit byte count holds).
+fn parse_mib(key: &str, value: &str) -> Result<u64, ConfigError> {
+    parse_integer(key, value, 0, u64::MAX / MIB).map(|mb| mb * MIB)
 }
 
 /// A boolean in PyTorch's spelling, `True`/`False` (its tokenizer's), or `true`/`false`/`1`/`0`.

@@ -46,7 +46,8 @@ pub(crate) mod units;
 pub use allocator::{Allocation, CachingAllocator};
 pub use block::BlockState;
 pub use config::{
-    AllocatorConfig, CONFIG_ENV, ConfigError, MAX_HISTORY_CAPACITY, RoundupDivisions,
+    AllocatorConfig, CONFIG_ENV, ConfigError, MAX_HISTORY_CAPACITY, PinnedHostConfig,
+    RoundupDivisions,
 };
 pub use error::{AllocError, InvariantViolation, OomAdvice, OomDiagnosis};
 pub use history::inspect;

@@ -47,16 +47,16 @@ impl Stat {
         }
     }
 
-    fn reset_peak(&mut self) {
+    pub(crate) fn reset_peak(&mut self) {
         self.peak = self.current;
     }
 
-    fn reset_accumulated(&mut self) {
+    pub(crate) fn reset_accumulated(&mut self) {
         self.allocated = 0;
         self.freed = 0;
     }
 
-    fn insert_into(&self, map: &mut BTreeMap<String, i64>, prefix: &str) {
+    pub(crate) fn insert_into(&self, map: &mut BTreeMap<String, i64>, prefix: &str) {
         map.insert(format!("{prefix}.current"), signed(self.current));
         map.insert(format!("{prefix}.peak"), signed(self.peak));
         map.insert(format!("{prefix}.allocated"), signed(self.allocated));

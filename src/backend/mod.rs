@@ -231,6 +231,7 @@ fn stats_of<M: crate::device::DeviceMemory>(settled: Settled<M>) -> CachingMemor
         engine: allocator.stats(),
         cubecl: settled.cubecl,
         device,
+        host: settled.entry.host.as_ref().map(|host| host.stats()),
     }
 }
 
@@ -256,7 +257,7 @@ pub fn max_memory_reserved<Dev: CachingDevice>(device: &Dev) -> u64 {
 }
 
 /// A human-readable table of `device`'s memory (PyTorch's `memory_summary`), with a line for
-/// each layer's cache.
+/// each layer's cache, and on CUDA one for the pinned host pool that stages copies.
 pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
     // One reading of the statistics: the table and the lines below it agree.
     let stats = stats_of(settled(device));
@@ -281,6 +282,28 @@ pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
         growth = r.growth_reclaims,
         skipped = r.skipped_reclaims,
         oom = r.oom_reclaims,
+    ) + &stats.host.map(pinned_summary).unwrap_or_default()
+}
+
+/// The summary's line for the pinned host pool (CUDA).
+fn pinned_summary(host: crate::runtime::PinnedHostStats) -> String {
+    use crate::alloc::format_bytes;
+    format!(
+        "Pinned host memory: {in_use} in {buffers} staging buffers (peak {peak}), {cached} \
+         idle, {reserved} held in {segments} pinned allocations (peak {reserved_peak}; \
+         {reserve} reserved up front); {allocs} cuMemHostAlloc calls ({alloc_ms:.3} ms), \
+         {frees} cuMemFreeHost calls\n",
+        in_use = format_bytes(host.allocated_bytes.current),
+        buffers = host.allocation.current,
+        peak = format_bytes(host.allocated_bytes.peak),
+        cached = format_bytes(host.cached_bytes()),
+        reserved = format_bytes(host.reserved_bytes.current),
+        segments = host.segment.current,
+        reserved_peak = format_bytes(host.reserved_bytes.peak),
+        reserve = format_bytes(host.reserve_segment_bytes),
+        allocs = host.num_host_alloc(),
+        alloc_ms = host.host_alloc_time.total.as_secs_f64() * 1e3,
+        frees = host.num_host_free(),
     )
 }
 
@@ -302,17 +325,22 @@ pub fn empty_cache<Dev: CachingDevice>(device: &Dev) {
 /// Sets every peak statistic of `device` to its current value (PyTorch's
 /// `reset_peak_memory_stats`).
 pub fn reset_peak_memory_stats<Dev: CachingDevice>(device: &Dev) {
-    settled(device).entry.allocator.reset_peak_memory_stats();
+    let entry = settled(device).entry;
+    entry.allocator.reset_peak_memory_stats();
+    if let Some(host) = &entry.host {
+        host.reset_peak_stats();
+    }
 }
 
 /// Zeroes every cumulative statistic of `device`: the `allocated`/`freed` totals and the
 /// counters (`num_ooms`, `num_device_alloc`, ...) (PyTorch's
 /// `reset_accumulated_memory_stats`).
 pub fn reset_accumulated_memory_stats<Dev: CachingDevice>(device: &Dev) {
-    settled(device)
-        .entry
-        .allocator
-        .reset_accumulated_memory_stats();
+    let entry = settled(device).entry;
+    entry.allocator.reset_accumulated_memory_stats();
+    if let Some(host) = &entry.host {
+        host.reset_accumulated_stats();
+    }
 }
 
 /// Caps `device`'s reserved memory at `fraction` of its total: allocations that would go above

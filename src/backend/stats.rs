@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::alloc::MemoryStats;
 use crate::device::MemoryInfo;
-use crate::runtime::CubeclLayerUsage;
+use crate::runtime::{CubeclLayerUsage, PinnedHostStats};
 
 /// Memory statistics of one device, with PyTorch's meanings.
 ///
@@ -27,6 +27,9 @@ pub struct CachingMemoryStats {
     pub cubecl: CubeclLayerUsage,
     /// Free and total bytes as the device reports them.
     pub device: MemoryInfo,
+    /// The pinned host pool that stages uploads and reads (PyTorch's
+    /// `torch.cuda.host_memory_stats()`), on a backend that has one (CUDA); `None` on wgpu.
+    pub host: Option<PinnedHostStats>,
 }
 
 impl CachingMemoryStats {
@@ -75,9 +78,13 @@ impl CachingMemoryStats {
     }
 
     /// Every number by name: PyTorch's names (`allocated_bytes.all.current`, ...), then
-    /// `cubecl.*` (CubeCL's layer before the hand-back), `device.*` and the layer totals.
+    /// `cubecl.*` (CubeCL's layer before the hand-back), `device.*`, the layer totals, and on
+    /// CUDA the pinned host pool's `host_*` keys ([`PinnedHostStats::insert_into`]).
     pub fn to_map(&self) -> BTreeMap<String, i64> {
         let mut map = self.engine.to_map();
+        if let Some(host) = &self.host {
+            host.insert_into(&mut map);
+        }
         let c = &self.cubecl;
         for (key, value) in [
             ("cubecl.streams", c.streams),

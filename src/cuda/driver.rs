@@ -45,10 +45,11 @@ use super::probe::open_context;
 use super::properties::{self, CudaDeviceSetup};
 use super::staging::{MAX_PINNED_TRANSFER, StagingPool};
 use super::streams::CudaStreams;
+use crate::alloc::PinnedHostConfig;
 use crate::device::DeviceStream;
 use crate::runtime::{
     Collective, Communication, DeviceReduce, Driver, DriverError, Launch, LaunchCount,
-    MetadataLayout, Resource, communication,
+    MetadataLayout, PinnedHostPool, Resource, communication,
 };
 
 /// Writes up to this size copy from pageable memory, which the driver stages at once: pinned
@@ -236,6 +237,13 @@ impl Driver for CudaDriver {
             None => CudaMemory::with_streams(self.streams.clone())
                 .unwrap_or_else(|err| panic!("caching allocator: CUDA device memory: {err}")),
         }
+    }
+
+    fn pinned_host_pool(&mut self, config: &PinnedHostConfig) -> Option<Arc<dyn PinnedHostPool>> {
+        // Asked when the server opens the device, before any copy: the pool starts over with
+        // the configured limits (and its reservation).
+        self.staging = StagingPool::with_config(self.context.clone(), config);
+        Some(self.staging.clone())
     }
 
     fn properties(&self) -> DeviceProperties {

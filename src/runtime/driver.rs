@@ -31,8 +31,12 @@ use cubecl_runtime::server::{
     ExecutionMode, KernelArguments, LaunchError, ReduceOperation, ServerError,
 };
 
+use std::sync::Arc;
+
 use super::error::DriverError;
+use super::pinned_host::PinnedHostPool;
 use super::storage::EngineResource;
+use crate::alloc::PinnedHostConfig;
 use crate::device::{DeviceMemory, DeviceStream};
 
 /// A buffer as a kernel or a copy sees it: segment handle, offset and size.
@@ -145,6 +149,15 @@ pub trait Driver: Send + Sized + 'static {
 
     /// The device memory the engine allocates segments through (called once per server).
     fn memory(&mut self) -> Self::Memory;
+
+    /// The driver's pinned host pool (the buffers its copies between host and device are
+    /// staged in), set up with `config`, the device's configuration (called once per server,
+    /// when it opens the device), for the user API to read; `None` (the default) for a driver
+    /// without one (wgpu).
+    fn pinned_host_pool(&mut self, config: &PinnedHostConfig) -> Option<Arc<dyn PinnedHostPool>> {
+        let _ = config;
+        None
+    }
 
     /// Device properties CubeCL and Burn plan kernels and layouts with.
     fn properties(&self) -> DeviceProperties;

@@ -9,9 +9,17 @@
 //!   and the slow diagnostic mode stays off;
 //! - `BURN_CACHING_ALLOC_OOM_SNAPSHOT=path`: writes a PyTorch-format snapshot to `path` at
 //!   the device's first out-of-memory (with the history and stacks when they are recorded).
+//!
+//! PyTorch's `PYTORCH_NO_CUDA_MEMORY_CACHING` is not read; set without the configuration key
+//! `no_cuda_memory_caching`, it is warned about.
 
 use super::error::DriverError;
 use crate::alloc::{AllocatorConfig, CONFIG_ENV, RecordMode};
+
+/// PyTorch's switch for its uncached mode. Not read as a setting: the crate's settings are its
+/// own variables, so that a process running PyTorch beside Burn does not change both
+/// allocators with one variable. Set without `no_cuda_memory_caching`, it is warned about.
+const PYTORCH_NO_CACHING_ENV: &str = "PYTORCH_NO_CUDA_MEMORY_CACHING";
 
 /// The trace file variable (see the module docs).
 pub const TRACE_ENV: &str = "BURN_CACHING_ALLOC_TRACE";
@@ -77,6 +85,12 @@ pub(crate) fn startup_config(
     };
     if trace_path().is_some() {
         config.history = config.history.with_enabled(RecordMode::All);
+    }
+    if std::env::var_os(PYTORCH_NO_CACHING_ENV).is_some() && !config.no_cuda_memory_caching {
+        log::warn!(
+            "caching allocator: {PYTORCH_NO_CACHING_ENV} is set, but this allocator reads \
+             {CONFIG_ENV} only: set {CONFIG_ENV}=no_cuda_memory_caching:True to cache nothing"
+        );
     }
     Ok(config)
 }

@@ -25,9 +25,11 @@
 //! Files: `storage` (the `ComputeStorage`), `stream_memory` (one stream's manager and its
 //! reclaim policy), `server/` (the `ComputeServer`, one file per concern), `driver` (the trait
 //! a device API implements), `error` (typed driver errors), `env` (the environment variables
-//! read when a device opens), `comm_path` (host or device path between devices), `open` (a device opened on the caller's thread, so that the reason
-//! it cannot open reaches the caller), `registry` (where the user API finds a device's
-//! allocator, and the configurations given in code for devices not yet open).
+//! read when a device opens), `comm_path` (host or device path between devices), `open` (a
+//! device opened on the caller's thread, so that the reason it cannot open reaches the
+//! caller), `pinned_host` (the numbers of a driver's pinned host pool), `registry` (where the
+//! user API finds a device's allocator, and the configurations given in code for devices not
+//! yet open).
 
 mod storage;
 mod stream_memory;
@@ -43,6 +45,8 @@ mod error;
 #[cfg(feature = "runtime")]
 pub(crate) mod open;
 #[cfg(feature = "runtime")]
+mod pinned_host;
+#[cfg(feature = "runtime")]
 pub(crate) mod registry;
 #[cfg(feature = "runtime")]
 pub(crate) mod server;
@@ -55,6 +59,8 @@ pub use driver::{Collective, DeviceReduce, Driver, Launch, LaunchCount, Metadata
 pub use env::{OOM_SNAPSHOT_ENV, TRACE_ENV};
 #[cfg(feature = "runtime")]
 pub use error::DriverError;
+#[cfg(feature = "runtime")]
+pub use pinned_host::{CallTime, PinnedHostPool, PinnedHostStats};
 #[cfg(feature = "runtime")]
 pub use server::{CachingServer, CallerStackPolicy, CubeclLayerUsage};
 pub use storage::{EngineResource, EngineStorage, Growth, PersistentManager, persistent_manager};

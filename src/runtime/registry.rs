@@ -3,7 +3,8 @@
 //!
 //! A server registers its engine when CubeCL opens the device; `memory_stats(&device)` and the
 //! other user calls look it up by device id and memory type. The entry also carries the
-//! per-layer numbers the server computed at its last `memory_usage` call. The registry holds
+//! per-layer numbers the server computed at its last `memory_usage` call, and the driver's
+//! pinned host pool where it has one. The registry holds
 //! the entry weakly: the server owns its engine, so a server that is dropped takes its engine
 //! (and the device memory it cached) with it instead of leaving it here for the process's life.
 //!
@@ -18,6 +19,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use cubecl_common::device::DeviceId;
 use parking_lot::Mutex;
 
+use super::pinned_host::PinnedHostPool;
 use super::server::CubeclLayerUsage;
 use crate::alloc::{AllocatorConfig, CachingAllocator};
 use crate::device::DeviceMemory;
@@ -28,6 +30,8 @@ pub(crate) struct DeviceEntry<M: DeviceMemory> {
     pub(crate) allocator: Arc<CachingAllocator<M>>,
     /// CubeCL-layer numbers, refreshed by the server on every `memory_usage`.
     pub(crate) cubecl: Arc<Mutex<CubeclLayerUsage>>,
+    /// The driver's pinned host pool, if it has one (CUDA).
+    pub(crate) host: Option<Arc<dyn PinnedHostPool>>,
 }
 
 impl<M: DeviceMemory> Clone for DeviceEntry<M> {
@@ -35,6 +39,7 @@ impl<M: DeviceMemory> Clone for DeviceEntry<M> {
         Self {
             allocator: self.allocator.clone(),
             cubecl: self.cubecl.clone(),
+            host: self.host.clone(),
         }
     }
 }
@@ -43,6 +48,7 @@ impl<M: DeviceMemory> Clone for DeviceEntry<M> {
 struct WeakEntry<M: DeviceMemory> {
     allocator: Weak<CachingAllocator<M>>,
     cubecl: Weak<Mutex<CubeclLayerUsage>>,
+    host: Option<Weak<dyn PinnedHostPool>>,
 }
 
 type Key = (TypeId, DeviceId);
@@ -85,6 +91,7 @@ pub(crate) fn register<M: DeviceMemory>(device: DeviceId, entry: DeviceEntry<M>)
     let weak = WeakEntry {
         allocator: Arc::downgrade(&entry.allocator),
         cubecl: Arc::downgrade(&entry.cubecl),
+        host: entry.host.as_ref().map(Arc::downgrade),
     };
     registry.entries.insert(key::<M>(device), Box::new(weak));
 }
@@ -99,6 +106,10 @@ pub(crate) fn lookup<M: DeviceMemory>(device: DeviceId) -> Option<DeviceEntry<M>
     Some(DeviceEntry {
         allocator: entry.allocator.upgrade()?,
         cubecl: entry.cubecl.upgrade()?,
+        host: match &entry.host {
+            Some(host) => Some(host.upgrade()?),
+            None => None,
+        },
     })
 }
 

@@ -23,6 +23,8 @@
 //! | 3 | 4 GiB | no | `memory` (`CudaMemory` on its own, a server dropped) |
 //! | 4 | 4 GiB | yes | `cross_stream` |
 //! | 5 | 4 GiB | yes | `memory` and `oom` (expandable segments under the engine) |
+//! | 6 | 4 GiB | yes | `uncached` (`no_cuda_memory_caching:True`) |
+//! | 7 | 4 GiB | yes | `pinned` (the pinned host pool's keys) |
 //!
 //! Modules:
 //! - `runtime`: create, read back, copy, statistics, `empty_cache`, staging, drop;
@@ -34,6 +36,9 @@
 //! - `comm`: CUDA's device path between devices (peer copies, NCCL) on four fake devices in
 //!   child processes, every scheduler mode;
 //! - `nccl`: the fake NCCL on two devices (values, groups, a missing rank);
+//! - `uncached`: `no_cuda_memory_caching`, every tensor one `cuMemAlloc` and one `cuMemFree`
+//!   after its stream's work;
+//! - `pinned`: the pinned host pool's statistics and limits, and its drop;
 //! - `detector`: the fake catches what it claims to (a missing wait, a double free, a map off
 //!   the granularity), so that an empty log means something.
 #![cfg(feature = "cuda")]
@@ -49,9 +54,9 @@ mod fake_cuda;
 #[ctor::ctor(unsafe)]
 fn under_the_fake() {
     fake_cuda::start(&[
-        ("FAKE_CUDA_DEVICES", "6"),
-        ("FAKE_CUDA_MEMORY", "4G,4G,64M,4G,4G,4G"),
-        ("FAKE_CUDA_VMM", "1,1,1,0,1,1"),
+        ("FAKE_CUDA_DEVICES", "8"),
+        ("FAKE_CUDA_MEMORY", "4G,4G,64M,4G,4G,4G,4G,4G"),
+        ("FAKE_CUDA_VMM", "1,1,1,0,1,1,1,1"),
         ("FAKE_CUDA_GRANULARITY", "2M"),
         ("FAKE_CUDA_SCHEDULE", "random"),
     ]);
@@ -67,4 +72,6 @@ mod expandable;
 mod memory;
 mod nccl;
 mod oom;
+mod pinned;
 mod runtime;
+mod uncached;

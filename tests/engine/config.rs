@@ -380,3 +380,60 @@ fn a_configuration_built_in_code_or_deserialised_is_checked_like_a_parsed_one() 
     start(parsed).expect("starts");
     start(AllocatorConfig::default()).expect("starts");
 }
+
+/// The pinned host pool's keys (CUDA's staging buffers): PyTorch's
+/// `pinned_max_cached_size_mb` and `pinned_reserve_segment_size_mb` (parsed by PyTorch's
+/// `AcceleratorAllocatorConfig::parseArgs` as MiB, 0 allowed) and ours, `pinned_max_idle_mb`.
+#[test]
+fn the_pinned_host_keys_parse_as_mib_with_0_allowed() {
+    use burn_caching_alloc::alloc::PinnedHostConfig;
+
+    let defaults = PinnedHostConfig::default();
+    assert_eq!(defaults.max_idle, 256 * MIB);
+    assert_eq!(defaults.max_cached_size, None);
+    assert_eq!(defaults.reserve_segment, 0);
+    assert_eq!(AllocatorConfig::default().pinned, defaults);
+
+    let config = AllocatorConfig::parse(
+        "pinned_max_idle_mb:0,pinned_max_cached_size_mb:4,pinned_reserve_segment_size_mb:32",
+    )
+    .unwrap();
+    assert_eq!(config.pinned.max_idle, 0);
+    assert_eq!(config.pinned.max_cached_size, Some(4 * MIB));
+    assert_eq!(config.pinned.reserve_segment, 32 * MIB);
+    assert_eq!(
+        AllocatorConfig::parse("pinned_max_cached_size_mb:0")
+            .unwrap()
+            .pinned
+            .max_cached_size,
+        Some(0)
+    );
+    for bad in [
+        "pinned_max_idle_mb:-1",
+        "pinned_max_idle_mb:1.5",
+        "pinned_max_cached_size_mb:lots",
+        "pinned_reserve_segment_size_mb:99999999999999999999",
+    ] {
+        let err = AllocatorConfig::parse(bad).unwrap_err();
+        let key = bad.split(':').next().unwrap();
+        assert!(
+            matches!(err, ConfigError::InvalidValue { key: ref k, .. } if k == key),
+            "{bad}: {err}"
+        );
+        assert!(err.to_string().contains("whole number"), "{err}");
+    }
+    // Still PyTorch's: `pinned_use_cuda_host_register` names a mode this pool does not have.
+    assert!(matches!(
+        AllocatorConfig::parse("pinned_use_cuda_host_register:True"),
+        Err(ConfigError::Unsupported { .. })
+    ));
+    // Files written before the keys existed read as the defaults.
+    let mut json: serde_json::Value =
+        serde_json::to_value(AllocatorConfig::default()).expect("serialises");
+    json.as_object_mut().unwrap().remove("pinned");
+    json.as_object_mut()
+        .unwrap()
+        .remove("no_cuda_memory_caching");
+    let old: AllocatorConfig = serde_json::from_value(json).expect("reads");
+    assert_eq!(old, AllocatorConfig::default());
+}

@@ -17,6 +17,7 @@ mod fuzz;
 mod layout;
 mod memory_report;
 mod miss_path;
+mod no_caching;
 mod oom_rejection;
 mod oom_report;
 mod panics;

@@ -81,6 +81,9 @@ fn assert_allocated_everywhere(
 ) {
     let map = stats.to_map();
     assert_eq!(stats.memory_allocated(), expected, "{stats:#?}");
+    // wgpu stages nothing in pinned host memory: no pool, no `host_*` keys.
+    assert!(stats.host.is_none());
+    assert!(!map.keys().any(|key| key.starts_with("host_")));
     assert_eq!(map["allocated_bytes.all.current"], expected as i64);
     assert_eq!(map["active_bytes.all.current"], expected as i64);
     assert_eq!(

@@ -76,6 +76,9 @@ impl<D: DeviceMemory> Engine<D> {
                 i += 1;
             }
         }
+        if self.uncached() {
+            self.release_completed_frees()?;
+        }
         Ok(())
     }
 

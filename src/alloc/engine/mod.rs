@@ -4,7 +4,8 @@
 //! split, merge) in `placement`, borrowing the other pool's free memory in `borrowing`,
 //! expandable segments (pages mapped into a reserved range) in
 //! `expandable`, the release steps of the miss path and `empty_cache` in `release`,
-//! cross-stream frees in `events`, other streams' cached segments in `sharing`, the snapshot in `snapshot`, and the consistency check of
+//! cross-stream frees in `events`, other streams' cached segments in `sharing`, the mode
+//! that caches nothing (`no_cuda_memory_caching`) in `uncached`, the snapshot in `snapshot`, and the consistency check of
 //! blocks, pools and statistics in `self_check`. The public, thread-safe face is
 //! `CachingAllocator` in `allocator.rs`.
 //!
@@ -36,6 +37,7 @@ mod self_check;
 mod settings;
 mod sharing;
 mod snapshot;
+mod uncached;
 
 use crate::alloc::block::{BlockId, BlockState, Blocks};
 use crate::alloc::config::{AllocatorConfig, ConfigError};
@@ -352,9 +354,11 @@ impl<D: DeviceMemory> Engine<D> {
     /// exactly its rounded size.
     pub fn has_exact_fit(&self, size: u64, stream: DeviceStream) -> bool {
         let (rounded, pool) = self.block_for(size);
-        self.free_list_ref(pool)
-            .best_fit(stream, rounded)
-            .is_some_and(|(found, _)| found == rounded)
+        !self.uncached()
+            && self
+                .free_list_ref(pool)
+                .best_fit(stream, rounded)
+                .is_some_and(|(found, _)| found == rounded)
     }
 
     /// Serves a request; `Ok(None)` only on a miss with [`MissPath::CacheOnly`], or with
@@ -369,6 +373,9 @@ impl<D: DeviceMemory> Engine<D> {
             return Err(AllocError::ZeroSize);
         }
         self.process_events()?;
+        if self.uncached() {
+            return self.malloc_uncached(size, stream, growth);
+        }
         let total = self.device_total();
         let (rounded, pool) = self.block_for(size);
         if let Some(total) = total
@@ -529,13 +536,21 @@ impl<D: DeviceMemory> Engine<D> {
             self.stats.oversize_allocations.decrease(1);
         }
         self.record(|| TraceEvent::FreeRequested { id });
-        if self.blocks[block].stream_uses.is_empty() {
+        if self.uncached() {
+            // Its segment goes back once the block's own stream is done with it too (see
+            // `uncached`): an event there, polled now and at every later call.
+            let own = self.blocks.stream(block);
+            self.blocks[block].stream_uses.push(own);
+        } else if self.blocks[block].stream_uses.is_empty() {
             self.free_block(block);
-            Ok(())
-        } else {
-            self.blocks[block].state = BlockState::ActivePendingFree;
-            self.insert_events(block)
+            return Ok(());
         }
+        self.blocks[block].state = BlockState::ActivePendingFree;
+        self.insert_events(block)?;
+        if self.uncached() {
+            self.process_events()?;
+        }
+        Ok(())
     }
 
     /// Notes that a live allocation is used on `stream` too.

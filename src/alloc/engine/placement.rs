@@ -28,6 +28,9 @@ impl<D: DeviceMemory> Engine<D> {
         stream: DeviceStream,
         rounded: u64,
     ) -> Option<BlockId> {
+        if self.uncached() {
+            return None;
+        }
         let list = self.free_list_ref(pool);
         let (mut block_size, mut block) = list.best_fit(stream, rounded)?;
         if self.expandable() {

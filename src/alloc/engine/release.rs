@@ -61,7 +61,7 @@ impl<D: DeviceMemory> Engine<D> {
 
     /// Returns the segment of a listed free block that spans it whole to the device.
     #[allow(unsafe_code)] // the device's free (SAFETY inside)
-    fn release_segment(&mut self, block: BlockId) -> Result<u64, AllocError> {
+    pub(super) fn release_segment(&mut self, block: BlockId) -> Result<u64, AllocError> {
         debug_assert!(!self.blocks[block].is_split());
         let s = self.blocks.segment_of(block);
         let (address, size, pool) = (s.address, s.size, s.pool);
@@ -87,7 +87,7 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// Free blocks of a pool that span their whole segment.
-    fn whole_free_segments(&self, pool: PoolKind) -> Vec<BlockId> {
+    pub(super) fn whole_free_segments(&self, pool: PoolKind) -> Vec<BlockId> {
         self.free_list_ref(pool)
             .iter()
             .filter(|&b| !self.blocks[b].is_split() && !self.in_expandable_segment(b))

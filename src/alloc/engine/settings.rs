@@ -11,6 +11,10 @@
 //! change the device cannot serve is refused before anything changes: `expandable_segments`
 //! on a device without virtual memory, a fraction of a total the device cannot report.
 //!
+//! Turning `no_cuda_memory_caching` on returns the cache to the device at once (as
+//! `empty_cache`); blocks live then keep their segments, which go back when they are whole
+//! and free.
+//!
 //! Two things are recomputed so that the numbers stay true: the oversize statistics, counted
 //! against `max_split_size`, are recounted against the new value (PyTorch keeps counting
 //! against whatever value is current, which lets them drift), and a change of the history's
@@ -38,7 +42,15 @@ impl<D: DeviceMemory> Engine<D> {
         let history_changed = config.history != self.config.history;
         let max_split_changed = config.max_split_size != self.config.max_split_size;
         let history = config.history;
+        let caching_stopped = config.no_cuda_memory_caching && !self.config.no_cuda_memory_caching;
         self.config = config;
+        if caching_stopped {
+            // Nothing is cached from now on: what the cache holds goes back now (pending frees
+            // are waited for, as by `empty_cache`). A device that refuses keeps it cached.
+            if let Err(err) = self.release_cached_blocks() {
+                log::warn!("caching allocator: returning the cache failed ({err}); it stays");
+            }
+        }
         if max_split_changed {
             self.recount_oversize();
         }

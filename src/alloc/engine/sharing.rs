@@ -94,7 +94,7 @@ impl<E> StreamTable<E> {
 
 impl<D: DeviceMemory> Engine<D> {
     fn sharing(&self) -> bool {
-        self.config.cross_stream_reuse && !self.expandable()
+        self.config.cross_stream_reuse && !self.expandable() && !self.uncached()
     }
 
     /// A block of `stream` was handed out. Counted whatever the settings: sharing can be

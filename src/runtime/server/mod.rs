@@ -139,9 +139,14 @@ impl<D: Driver> CachingServer<D> {
         let properties = driver.properties();
         let memory_properties: MemoryDeviceProperties = properties.memory.clone();
         let memory = driver.memory();
-        if expandable_by_default && memory.virtual_memory_granularity().is_some() {
+        // Without caching every request is an allocation of its own: no expandable segments.
+        if expandable_by_default
+            && !config.no_cuda_memory_caching
+            && memory.virtual_memory_granularity().is_some()
+        {
             config.expandable_segments = true;
         }
+        let host = driver.pinned_host_pool(&config.pinned);
         let allocator = Arc::new(CachingAllocator::new(memory, config)?);
         allocator.set_device_index(device.index_id);
         allocator.dump_snapshot_on_oom(oom_snapshot_path());
@@ -154,6 +159,7 @@ impl<D: Driver> CachingServer<D> {
             DeviceEntry {
                 allocator: allocator.clone(),
                 cubecl: cubecl_usage.clone(),
+                host,
             },
         );
         let caller_stacks = Arc::new(CallerStacks::default());

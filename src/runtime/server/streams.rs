@@ -188,7 +188,11 @@ impl<D: Driver> Streams<D> {
             // `ReclaimPolicy::EveryReserve`): the policy follows the recording, asked of the
             // allocator (under its lock) only when the stream is created, never on a lookup,
             // which every operation makes.
-            let policy = if allocator.history_options().enabled == RecordMode::All {
+            // Without caching (`no_cuda_memory_caching`) CubeCL's exact-size reuse is bypassed
+            // the same way, so that every tensor is an engine request of its own.
+            let policy = if allocator.history_options().enabled == RecordMode::All
+                || allocator.config().no_cuda_memory_caching
+            {
                 ReclaimPolicy::EveryReserve
             } else {
                 ReclaimPolicy::Amortised
