@@ -36,7 +36,7 @@ pub struct ShardError {
 
 /// Checks that `peers` peers can share every batch equally (and exactly: a power of two).
 pub fn check_peers(peers: usize) -> Result<(), ShardError> {
-    if peers == 0 || !peers.is_power_of_two() || GLOBAL_BATCH % peers != 0 {
+    if peers == 0 || !peers.is_power_of_two() || !GLOBAL_BATCH.is_multiple_of(peers) {
         return Err(ShardError { peers });
     }
     Ok(())
