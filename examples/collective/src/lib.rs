@@ -1,0 +1,36 @@
+//! Data-parallel training on several processes, possibly on several machines, with
+//! burn-collective 0.21 over `burn-caching-alloc`'s `CachingWgpu`: the crate a user copies.
+//!
+//! One process runs burn-collective's global orchestrator; each node process registers one
+//! peer per local device, and every step each peer computes the gradients of its shard of the
+//! batch, averages them with every other peer (`GradientsParams::all_reduce`: burn-collective
+//! sums the devices of a process with `to_device` and `add`, which run through the caching
+//! backend's `send`/`recv`, then the processes over WebSocket), and takes the same SGD step.
+//!
+//! - [`model`]: the small model, built identically on every process (values and `ParamId`s);
+//! - [`data`]: the deterministic batches and each peer's shard of them;
+//! - [`devices`]: the `--devices` names and the wgpu devices they open;
+//! - [`node`]: one node process: register, an all-reduce check, training, finish;
+//! - [`single`]: the same training on one device without burn-collective (the reference);
+//! - [`train`]: one SGD step, with or without the gradients' all-reduce;
+//! - [`report`]: the JSON lines every process prints (one per peer, one per device's memory).
+//!
+//! `src/main.rs` is the command line.
+#![warn(missing_docs)]
+
+pub mod data;
+pub mod devices;
+pub mod model;
+pub mod node;
+pub mod report;
+pub mod single;
+pub mod train;
+
+/// The backend every peer computes on: the caching allocator under Burn's wgpu backend.
+/// burn-collective is given this inner backend, never the `Autodiff` one.
+pub type Backend = burn_caching_alloc::backend::CachingWgpu;
+/// The training backend.
+pub type TrainBackend = burn::backend::Autodiff<Backend>;
+
+/// SGD's learning rate: a power of two, so that a step on exact gradients is exact.
+pub const LEARNING_RATE: f64 = 1.0 / 64.0;

@@ -1,0 +1,120 @@
+//! The command line: `orchestrator` (burn-collective's global orchestrator), `node` (one
+//! training process of the collective) and `single` (the same training in one process, the
+//! reference). `--help` on each says what it takes; docs/src/several-devices.md has the commands
+//! for two machines.
+
+use std::process::ExitCode;
+
+use burn::backend::wgpu::WgpuDevice;
+use clap::{Parser, Subcommand};
+use collective::node::{self, NodeConfig};
+use collective::{devices, single};
+
+#[derive(Parser, Debug)]
+#[command(about = "Data-parallel training on N processes with burn-collective over CachingWgpu")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Runs burn-collective's global orchestrator until Ctrl-C or SIGTERM (one per collective,
+    /// on any machine the nodes reach).
+    Orchestrator {
+        /// The port it listens on (every interface).
+        #[arg(long, default_value_t = 3000)]
+        port: u16,
+    },
+    /// Runs one node process: a peer per device, trained with the gradients averaged over
+    /// every peer of every node.
+    Node {
+        /// The orchestrator's address.
+        #[arg(long, default_value = "ws://127.0.0.1:3000")]
+        orchestrator: String,
+        /// This machine's host name or address, as the other nodes reach it.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// This node's port for tensor transfers (listens on every interface).
+        #[arg(long, default_value_t = 3001)]
+        port: u16,
+        /// This process's rank, 0 to world size - 1.
+        #[arg(long)]
+        rank: usize,
+        /// The number of node processes.
+        #[arg(long)]
+        world_size: usize,
+        /// The local devices, comma-separated: default, cpu, discrete:N, integrated:N,
+        /// virtual:N. Every node must have as many.
+        #[arg(long, value_delimiter = ',', default_value = "default", value_parser = devices::parse)]
+        devices: Vec<WgpuDevice>,
+        /// Training steps.
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+    },
+    /// Trains the same model on one device, whole batches, no collective: the reference a
+    /// node's parameters equal.
+    Single {
+        /// The device: default, cpu, discrete:N, integrated:N, virtual:N.
+        #[arg(long, default_value = "default", value_parser = devices::parse)]
+        device: WgpuDevice,
+        /// Training steps.
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Orchestrator { port } => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    eprintln!("error: cannot start the async runtime: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            println!("orchestrator on port {port} (Ctrl-C stops it)");
+            runtime.block_on(burn_collective::start_global_orchestrator(port));
+            ExitCode::SUCCESS
+        }
+        Command::Node {
+            orchestrator,
+            host,
+            port,
+            rank,
+            world_size,
+            devices,
+            steps,
+        } => {
+            let config = NodeConfig {
+                orchestrator,
+                host,
+                port,
+                rank,
+                world_size,
+                devices,
+                steps,
+            };
+            match node::run(&config) {
+                Ok(reports) => {
+                    reports.iter().for_each(|report| report.print());
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("error: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Single { device, steps } => {
+            single::run(&device, steps)
+                .iter()
+                .for_each(|report| report.print());
+            ExitCode::SUCCESS
+        }
+    }
+}
