@@ -42,7 +42,7 @@ struct Args {
     device: DeviceKind,
     /// Workloads to run (comma-separated): transformer-varlen, conv, lstm, mnist-mlp, `varlen`
     /// (the variable-length family), or one transformer of any size,
-    /// `varlen-d<width>-b<batch>-l<min>-<max>[-s<steps>]`.
+    /// `varlen-d<width>-b<batch>-l<min>-<max>[-h<heads>][-f<ff>][-s<steps>]`.
     #[arg(
         long,
         value_delimiter = ',',
