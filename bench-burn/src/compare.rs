@@ -24,6 +24,9 @@ pub struct CompareOptions {
     pub seed: u64,
     /// The MNIST files (the showcase's `data/`).
     pub mnist_dir: PathBuf,
+    /// Prints a line per side and step to standard error (step, sequence length, reserved
+    /// bytes, seconds), so that a run cut short still says how far memory had grown.
+    pub progress: bool,
 }
 
 impl Default for CompareOptions {
@@ -33,6 +36,7 @@ impl Default for CompareOptions {
             warmup: 2,
             seed: 42,
             mnist_dir: mnist::dataset::default_data_dir(),
+            progress: false,
         }
     }
 }
@@ -87,7 +91,7 @@ struct Side<'a> {
 }
 
 impl Side<'_> {
-    fn run(&mut self, batch: &crate::Batch) -> Result<(), String> {
+    fn run(&mut self, batch: &crate::Batch, progress: bool) -> Result<(), String> {
         let started = Instant::now();
         let loss = self
             .trainer
@@ -100,6 +104,17 @@ impl Side<'_> {
         self.result
             .reserved_after_step
             .push(self.reading.reserved());
+        if progress {
+            let step = self.result.losses.len();
+            let reserved = self.result.reserved_after_step[step - 1];
+            let seconds = self.result.step_seconds[step - 1];
+            eprintln!(
+                "{}: step {step}, shape {:?}, reserved {:.1} MiB, {seconds:.2} s",
+                self.name,
+                batch.shape,
+                reserved as f64 / (1024.0 * 1024.0),
+            );
+        }
         Ok(())
     }
 }
@@ -172,11 +187,11 @@ where
     let mut s = side::<Bs>(stock.0, workload, stock.1, stock.2, options.seed);
     for (i, batch) in batches.iter().enumerate() {
         if i % 2 == 0 {
-            c.run(batch)?;
-            s.run(batch)?;
+            c.run(batch, options.progress)?;
+            s.run(batch, options.progress)?;
         } else {
-            s.run(batch)?;
-            c.run(batch)?;
+            s.run(batch, options.progress)?;
+            c.run(batch, options.progress)?;
         }
     }
     c.result.exact_peak_reserved = c.reading.exact_peak();

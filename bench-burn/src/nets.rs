@@ -28,13 +28,14 @@ pub struct TransformerNet<B: Backend> {
 impl<B: Backend> TransformerNet<B> {
     /// A freshly initialised network (the backend's seeded RNG): `d_model` 64, feed-forward 256.
     pub fn new(device: &B::Device) -> Self {
-        Self::sized(TRANSFORMER_D_MODEL, 256, device)
+        Self::sized(TRANSFORMER_D_MODEL, 256, 4, device)
     }
 
-    /// The same network with `d_model` `width` and a feed-forward layer of `ff`.
-    pub fn sized(width: usize, ff: usize, device: &B::Device) -> Self {
+    /// The same network with `d_model` `width`, a feed-forward layer of `ff` and `heads`
+    /// attention heads.
+    pub fn sized(width: usize, ff: usize, heads: usize, device: &B::Device) -> Self {
         Self {
-            encoder: TransformerEncoderConfig::new(width, ff, 4, 2).init(device),
+            encoder: TransformerEncoderConfig::new(width, ff, heads, 2).init(device),
             head: LinearConfig::new(width, CLASSES).init(device),
         }
     }
@@ -144,9 +145,10 @@ pub fn describe(workload: Workload) -> String {
         Workload::Lstm => "Lstm 32 -> 64, 24 steps, linear, batch 16".into(),
         Workload::MnistMlp => "MNIST MLP 784-128-10, batch 64".into(),
         Workload::Varlen(s) => format!(
-            "TransformerEncoder 2 x d{} h4 ff{}, seq {}..={}, batch {}",
+            "TransformerEncoder 2 x d{} h{} ff{}, seq {}..={}, batch {}",
             s.width,
-            4 * s.width,
+            s.heads(),
+            s.ff(),
             s.min_len,
             s.max_len,
             s.batch

@@ -38,7 +38,7 @@ where
         Workload::Lstm => boxed::<B, _>(LstmNet::new(device), device, seed),
         Workload::MnistMlp => boxed::<B, _>(MnistMlpNet::new(device), device, seed),
         Workload::Varlen(shape) => boxed::<B, _>(
-            TransformerNet::sized(shape.width, 4 * shape.width, device),
+            TransformerNet::sized(shape.width, shape.ff(), shape.heads(), device),
             device,
             seed,
         ),

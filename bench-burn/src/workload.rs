@@ -22,17 +22,22 @@ pub enum Workload {
     Lstm,
     /// The MNIST showcase's 784-128-10 perceptron on batches of 64 MNIST training images.
     MnistMlp,
-    /// `TransformerEncoder` (2 layers, 4 heads, feed-forward 4 x width) of a given size on
-    /// batches whose sequence length is drawn from a range at every step: the family of
-    /// variable-length rows (issue 39), named `varlen-d<width>-b<batch>-l<min>-<max>[-s<steps>]`.
+    /// `TransformerEncoder` (2 layers, 4 heads and feed-forward 4 x width unless the name says
+    /// otherwise) of a given size on batches whose sequence length is drawn from a range at
+    /// every step: the family of variable-length rows (issue 39), named
+    /// `varlen-d<width>-b<batch>-l<min>-<max>[-h<heads>][-f<ff>][-s<steps>]`.
     Varlen(VarlenShape),
 }
 
 /// The size of a [`Workload::Varlen`] row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct VarlenShape {
-    /// `d_model` (a multiple of the 4 heads); the feed-forward layer is 4 times as wide.
+    /// `d_model` (a multiple of the heads).
     pub width: usize,
+    /// Attention heads, 4 if not given.
+    pub heads: Option<usize>,
+    /// Width of the feed-forward layer, 4 x `width` if not given.
+    pub ff: Option<usize>,
     /// Sequences per batch.
     pub batch: usize,
     /// Shortest sequence length drawn.
@@ -44,41 +49,70 @@ pub struct VarlenShape {
 }
 
 impl VarlenShape {
-    /// The row's name: `varlen-d<width>-b<batch>-l<min>-<max>[-s<steps>]`.
+    /// The row's name: `varlen-d<width>-b<batch>-l<min>-<max>[-h<heads>][-f<ff>][-s<steps>]`.
     pub fn name(&self) -> String {
         let mut name = format!(
             "varlen-d{}-b{}-l{}-{}",
             self.width, self.batch, self.min_len, self.max_len
         );
+        if let Some(heads) = self.heads {
+            name.push_str(&format!("-h{heads}"));
+        }
+        if let Some(ff) = self.ff {
+            name.push_str(&format!("-f{ff}"));
+        }
         if let Some(steps) = self.steps {
             name.push_str(&format!("-s{steps}"));
         }
         name
     }
 
+    /// Attention heads.
+    pub fn heads(&self) -> usize {
+        self.heads.unwrap_or(4)
+    }
+
+    /// Width of the feed-forward layer.
+    pub fn ff(&self) -> usize {
+        self.ff.unwrap_or(4 * self.width)
+    }
+
     /// The shape a name made by [`VarlenShape::name`] describes, if it is one (widths a
-    /// multiple of 4, every number positive, `min <= max`).
+    /// multiple of the heads, every number positive, `min <= max`, options in name order).
     pub fn parse(name: &str) -> Option<Self> {
         let rest = name.strip_prefix("varlen-d")?;
-        let mut parts = rest.split('-');
+        let mut parts = rest.split('-').peekable();
         let width = parts.next()?.parse().ok()?;
         let batch = parts.next()?.strip_prefix('b')?.parse().ok()?;
         let min_len = parts.next()?.strip_prefix('l')?.parse().ok()?;
         let max_len = parts.next()?.parse().ok()?;
-        let steps = match parts.next() {
-            Some(s) => Some(s.strip_prefix('s')?.parse().ok()?),
-            None => None,
+        let mut option = |prefix: char| -> Option<Option<usize>> {
+            match parts.peek().and_then(|p| p.strip_prefix(prefix)) {
+                Some(number) => {
+                    let value = number.parse().ok()?;
+                    parts.next();
+                    Some(Some(value))
+                }
+                None => Some(None),
+            }
         };
+        let heads = option('h')?;
+        let ff = option('f')?;
+        let steps = option('s')?;
         let shape = Self {
             width,
             batch,
+            heads,
+            ff,
             min_len,
             max_len,
             steps,
         };
         let valid = parts.next().is_none()
             && width > 0
-            && width % 4 == 0
+            && shape.heads() > 0
+            && width % shape.heads() == 0
+            && shape.ff() > 0
             && batch > 0
             && min_len > 0
             && min_len <= max_len
@@ -110,6 +144,8 @@ const fn varlen(
     VarlenShape {
         width,
         batch,
+        heads: None,
+        ff: None,
         min_len,
         max_len,
         steps: Some(steps),
@@ -315,10 +351,23 @@ mod tests {
             "varlen-d64-b8-l9-8",
             "varlen-d64-b8-l8-192-s0",
             "varlen-d64-b8-l8-192-s4-x",
+            "varlen-d64-b8-l8-192-h3",
+            "varlen-d64-b8-l8-192-f0",
+            "varlen-d64-b8-l8-192-s4-h8",
             "varlen-d64-b8-l8",
         ] {
             assert_eq!(Workload::from_name(bad), None, "{bad}");
         }
+        let wide = Workload::from_name("varlen-d64-b8-l8-192-h8-f128-s10");
+        assert_eq!(
+            wide,
+            Some(Workload::Varlen(VarlenShape {
+                heads: Some(8),
+                ff: Some(128),
+                ..varlen(64, 8, 8, 192, 10)
+            }))
+        );
+        assert_eq!(wide.unwrap().name(), "varlen-d64-b8-l8-192-h8-f128-s10");
         assert_eq!(
             Workload::expand("varlen").unwrap().len(),
             VARLEN_FAMILY.len()

@@ -42,7 +42,7 @@ struct Args {
     device: DeviceKind,
     /// Workloads to run (comma-separated): transformer-varlen, conv, lstm, mnist-mlp, `varlen`
     /// (the variable-length family), or one transformer of any size,
-    /// `varlen-d<width>-b<batch>-l<min>-<max>[-s<steps>]`.
+    /// `varlen-d<width>-b<batch>-l<min>-<max>[-h<heads>][-f<ff>][-s<steps>]`.
     #[arg(
         long,
         value_delimiter = ',',
@@ -67,6 +67,9 @@ struct Args {
     /// Writes the caching device's engine trace to `BURN_CACHING_ALLOC_TRACE` at the end.
     #[arg(long)]
     write_trace: bool,
+    /// Prints each side's reserved memory and step time after every step (standard error).
+    #[arg(long)]
+    progress: bool,
 }
 
 fn main() {
@@ -90,6 +93,7 @@ fn run(args: &Args) -> Result<(), String> {
         steps: args.steps,
         warmup: args.warmup,
         seed: args.seed,
+        progress: args.progress,
         ..CompareOptions::default()
     };
     let fusions: &[&str] = match args.fusion {
