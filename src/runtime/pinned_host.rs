@@ -27,6 +27,8 @@ pub struct CallTime {
 }
 
 impl CallTime {
+    // Used by CUDA's pinned staging pool only.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     /// Counts a call that took `took`.
     pub(crate) fn add(&mut self, took: Duration) {
         self.min = if self.count == 0 {
@@ -94,6 +96,8 @@ impl PinnedHostStats {
         self.segment.freed
     }
 
+    // Used by CUDA's pinned staging pool only.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     /// Every peak to its current value.
     pub(crate) fn reset_peaks(&mut self) {
         for stat in self.stats_mut() {
@@ -101,6 +105,8 @@ impl PinnedHostStats {
         }
     }
 
+    // Used by CUDA's pinned staging pool only.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     /// Every cumulative amount and timing to zero.
     pub(crate) fn reset_accumulated(&mut self) {
         for stat in self.stats_mut() {
@@ -110,6 +116,8 @@ impl PinnedHostStats {
         self.host_free_time = CallTime::default();
     }
 
+    // Used by CUDA's pinned staging pool only.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn stats_mut(&mut self) -> [&mut Stat; 4] {
         [
             &mut self.allocation,

@@ -16,6 +16,7 @@ type B = CachingWgpuUnfused;
 fn read_everything(device: &burn::backend::wgpu::WgpuDevice) -> Vec<(&'static str, String)> {
     let stats = backend::memory_stats(device);
     let point = backend::memory_point(device);
+    #[allow(unused_mut)] // pushed to with the `train` feature only
     let mut seen = vec![
         ("memory_stats", format!("{:?}", stats.to_map())),
         ("memory_summary", backend::memory_summary(device)),
