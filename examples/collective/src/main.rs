@@ -28,30 +28,7 @@ enum Command {
     },
     /// Runs one node process: a peer per device, trained with the gradients averaged over
     /// every peer of every node.
-    Node {
-        /// The orchestrator's address.
-        #[arg(long, default_value = "ws://127.0.0.1:3000")]
-        orchestrator: String,
-        /// This machine's host name or address, as the other nodes reach it.
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        /// This node's port for tensor transfers (listens on every interface).
-        #[arg(long, default_value_t = 3001)]
-        port: u16,
-        /// This process's rank, 0 to world size - 1.
-        #[arg(long)]
-        rank: usize,
-        /// The number of node processes.
-        #[arg(long)]
-        world_size: usize,
-        /// The local devices, comma-separated: default, cpu, discrete:N, integrated:N,
-        /// virtual:N. Every node must have as many.
-        #[arg(long, value_delimiter = ',', default_value = "default", value_parser = devices::parse)]
-        devices: Vec<WgpuDevice>,
-        /// Training steps.
-        #[arg(long, default_value_t = 20)]
-        steps: usize,
-    },
+    Node(NodeConfig),
     /// Trains the same model on one device, whole batches, no collective: the reference a
     /// node's parameters equal.
     Single {
@@ -81,35 +58,16 @@ fn main() -> ExitCode {
             runtime.block_on(burn_collective::start_global_orchestrator(port));
             ExitCode::SUCCESS
         }
-        Command::Node {
-            orchestrator,
-            host,
-            port,
-            rank,
-            world_size,
-            devices,
-            steps,
-        } => {
-            let config = NodeConfig {
-                orchestrator,
-                host,
-                port,
-                rank,
-                world_size,
-                devices,
-                steps,
-            };
-            match node::run(&config) {
-                Ok(reports) => {
-                    reports.iter().for_each(|report| report.print());
-                    ExitCode::SUCCESS
-                }
-                Err(err) => {
-                    eprintln!("error: {err}");
-                    ExitCode::FAILURE
-                }
+        Command::Node(config) => match node::run(&config) {
+            Ok(reports) => {
+                reports.iter().for_each(|report| report.print());
+                ExitCode::SUCCESS
             }
-        }
+            Err(err) => {
+                eprintln!("error: {err}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Single { device, steps } => {
             single::run(&device, steps)
                 .iter()

@@ -30,22 +30,31 @@ use crate::model::Model;
 use crate::report::{PeerReport, Report, check_values};
 use crate::{Backend, train};
 
-/// Where this node is and what it trains.
-#[derive(Debug, Clone)]
+/// Where this node is and what it trains (the `node` subcommand's options).
+#[derive(Debug, Clone, clap::Args)]
 pub struct NodeConfig {
-    /// The orchestrator's address, `ws://host:port`.
+    /// The orchestrator's address.
+    #[arg(long, default_value = "ws://127.0.0.1:3000")]
     pub orchestrator: String,
-    /// This machine's host name or address as the other nodes reach it.
+    /// This machine's host name or address, as the other nodes reach it.
+    #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
-    /// The port of this node's tensor data service (the other nodes download from it).
+    /// This node's port for tensor transfers (listens on every interface; the other nodes
+    /// download from it).
+    #[arg(long, default_value_t = 3001)]
     pub port: u16,
-    /// This process's rank, 0 to `world_size - 1`.
+    /// This process's rank, 0 to world size - 1.
+    #[arg(long)]
     pub rank: usize,
     /// The number of node processes.
+    #[arg(long)]
     pub world_size: usize,
-    /// The local devices, one peer each; every process must have as many.
+    /// The local devices, comma-separated, one peer each: default, cpu, discrete:N,
+    /// integrated:N, virtual:N. Every node must have as many.
+    #[arg(long, value_delimiter = ',', default_value = "default", value_parser = crate::devices::parse)]
     pub devices: Vec<WgpuDevice>,
     /// Training steps.
+    #[arg(long, default_value_t = 20)]
     pub steps: usize,
 }
 
