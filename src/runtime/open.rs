@@ -10,6 +10,10 @@
 //! builds the server on the calling thread and hands it to CubeCL's device thread
 //! (`DeviceHandle::insert`); a failure is kept, and every later call returns the same error.
 
+use std::any::TypeId;
+use std::cell::RefCell;
+use std::collections::HashSet;
+
 use cubecl_common::device::DeviceId;
 use cubecl_common::device_handle::DeviceHandle;
 use parking_lot::Mutex;
@@ -20,22 +24,40 @@ use super::registry::{self, OpenState};
 use super::server::CachingServer;
 
 /// Opens `device` for driver `D` if no server did yet, on this thread; the error is why it
-/// cannot open (the same error on every later call). Cheap once the device is open: one
-/// registry lookup.
+/// cannot open (the same error on every later call). Once the device is open, each thread pays
+/// one registry lookup and then only a look in its own set: Burn reaches here on every
+/// operation (`Runtime::client`).
 pub(crate) fn ensure_open<D: Driver>(device: DeviceId) -> Result<(), DriverError> {
-    match registry::open_state::<D::Memory>(device) {
-        OpenState::Opened => return Ok(()),
-        OpenState::Failed(err) => return Err(err),
-        OpenState::NotOpened => {}
+    std::thread_local! {
+        /// The devices this thread saw open (a device never closes once open).
+        static SEEN_OPEN: RefCell<HashSet<(TypeId, DeviceId)>> = RefCell::new(HashSet::new());
     }
-    // One opening at a time: two threads that both saw the device closed must not both build
-    // a server (the second would register a second allocator for the device).
+    let key = (TypeId::of::<D::Memory>(), device);
+    if SEEN_OPEN.with_borrow(|seen| seen.contains(&key)) {
+        return Ok(());
+    }
+    open::<D>(device)?;
+    SEEN_OPEN.with_borrow_mut(|seen| seen.insert(key));
+    Ok(())
+}
+
+/// [`ensure_open`] without the thread's own set.
+fn open<D: Driver>(device: DeviceId) -> Result<(), DriverError> {
+    let known = || match registry::open_state::<D::Memory>(device) {
+        OpenState::Opened => Some(Ok(())),
+        OpenState::Failed(err) => Some(Err(err)),
+        OpenState::NotOpened => None,
+    };
+    if let Some(known) = known() {
+        return known;
+    }
+    // One opening at a time: a thread that finds the device not ready waits here until the
+    // thread opening it has handed its server to CubeCL (`Opened` is recorded only then), so
+    // that no thread reaches CubeCL's device thread first and has it open a second server.
     static OPENING: Mutex<()> = Mutex::new(());
     let _opening = OPENING.lock();
-    match registry::open_state::<D::Memory>(device) {
-        OpenState::Opened => return Ok(()),
-        OpenState::Failed(err) => return Err(err),
-        OpenState::NotOpened => {}
+    if let Some(known) = known() {
+        return known;
     }
     let server = match CachingServer::<D>::open(device) {
         Ok(server) => server,
@@ -50,5 +72,6 @@ pub(crate) fn ensure_open<D: Driver>(device: DeviceId) -> Result<(), DriverError
         // serves.
         log::warn!("caching allocator: {device} was already open on its device thread: {err:?}");
     }
+    registry::mark_serving::<D::Memory>(device);
     Ok(())
 }

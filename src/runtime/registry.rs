@@ -62,6 +62,8 @@ struct Registry {
     pending: HashMap<Key, AllocatorConfig>,
     /// Devices whose server could not open, with the reason (returned again on every try).
     failed: HashMap<Key, super::error::DriverError>,
+    /// Devices whose server CubeCL's device thread holds (opened through `open::ensure_open`).
+    serving: HashSet<Key>,
 }
 
 /// Where a device stands (see [`open_state`]).
@@ -69,7 +71,7 @@ struct Registry {
 pub(crate) enum OpenState {
     /// No server started to open it.
     NotOpened,
-    /// A server opened it (or is opening it).
+    /// Its server is on CubeCL's device thread, ready.
     Opened,
     /// A server tried and could not, for this reason.
     Failed(super::error::DriverError),
@@ -113,17 +115,24 @@ pub(crate) fn lookup<M: DeviceMemory>(device: DeviceId) -> Option<DeviceEntry<M>
     })
 }
 
-/// Whether a server with memory type `M` opened `device`, failed to, or never tried.
+/// Whether a server with memory type `M` serves `device`, failed to open, or is not ready
+/// (never tried, or still opening).
 pub(crate) fn open_state<M: DeviceMemory>(device: DeviceId) -> OpenState {
     let registry = registry().lock();
     let key = key::<M>(device);
     if let Some(err) = registry.failed.get(&key) {
         OpenState::Failed(err.clone())
-    } else if registry.opened.contains(&key) {
+    } else if registry.serving.contains(&key) {
         OpenState::Opened
     } else {
         OpenState::NotOpened
     }
+}
+
+/// Records that CubeCL's device thread holds the server of `device`: [`open_state`] says
+/// `Opened` from now on.
+pub(crate) fn mark_serving<M: DeviceMemory>(device: DeviceId) {
+    registry().lock().serving.insert(key::<M>(device));
 }
 
 /// Records why `device` could not open: [`open_state`] returns it from now on.
