@@ -3,6 +3,7 @@
 //! initialised, and all-reduce across threads. No GPU needed.
 
 use cubecl_common::bytes::Bytes;
+use cubecl_common::device::DeviceId;
 use cubecl_common::future::block_on;
 use cubecl_common::stream_id::StreamId;
 use cubecl_ir::{ElemType, FloatKind, IntKind};
@@ -216,13 +217,18 @@ fn devices_never_initialised_are_errors_not_panics_and_leave_no_peer_waiting() {
     assert!(err.to_string().contains("comm_init"), "{err}");
 }
 
-/// Runs `all_reduce` of `inputs[i]` on server `i`, each on its own thread as Burn's DDP does.
-fn all_reduce(inputs: &[Vec<u8>], dtype: ElemType, op: fn() -> ReduceOperation) -> Vec<Vec<u8>> {
+/// Joins one server per input into a group, then runs `work` on each member on its own thread
+/// (as Burn's DDP does) with its input as a tensor on its own stream, and the group's ids.
+fn on_every_member<T: Send>(
+    inputs: &[Vec<u8>],
+    work: impl Fn(&mut Harness, &Handle, StreamId, Vec<DeviceId>, usize) -> T + Sync,
+) -> Vec<T> {
     let mut servers: Vec<Harness> = inputs.iter().map(|_| server(1 << 30)).collect();
     let ids: Vec<_> = servers.iter().map(|h| h.server.device).collect();
     for h in &mut servers {
         h.server.comm_init(ids.clone()).expect("join");
     }
+    let work = &work;
     std::thread::scope(|scope| {
         let workers: Vec<_> = servers
             .into_iter()
@@ -233,20 +239,7 @@ fn all_reduce(inputs: &[Vec<u8>], dtype: ElemType, op: fn() -> ReduceOperation) 
                 scope.spawn(move || {
                     let on = stream(i as u64);
                     let buffer = tensor(&mut h, input, on);
-                    // Twice: rounds pair up by number.
-                    for _ in 0..2 {
-                        h.server
-                            .all_reduce(
-                                buffer.clone().binding(),
-                                buffer.clone().binding(),
-                                dtype,
-                                on,
-                                op(),
-                                ids.clone(),
-                            )
-                            .expect("all_reduce");
-                    }
-                    read(&mut h, &buffer, input.len(), on).expect("read")
+                    work(&mut h, &buffer, on, ids, input.len())
                 })
             })
             .collect();
@@ -254,6 +247,26 @@ fn all_reduce(inputs: &[Vec<u8>], dtype: ElemType, op: fn() -> ReduceOperation) 
             .into_iter()
             .map(|w| w.join().expect("worker"))
             .collect()
+    })
+}
+
+/// Runs `all_reduce` of `inputs[i]` on server `i`, twice (rounds pair up by number), and
+/// returns what each member reads back.
+fn all_reduce(inputs: &[Vec<u8>], dtype: ElemType, op: fn() -> ReduceOperation) -> Vec<Vec<u8>> {
+    on_every_member(inputs, |h, buffer, on, ids, len| {
+        for _ in 0..2 {
+            h.server
+                .all_reduce(
+                    buffer.clone().binding(),
+                    buffer.clone().binding(),
+                    dtype,
+                    on,
+                    op(),
+                    ids.clone(),
+                )
+                .expect("all_reduce");
+        }
+        read(h, buffer, len, on).expect("read")
     })
 }
 
@@ -289,39 +302,18 @@ fn all_reduce_sums_and_averages_across_three_devices_as_nccl_would() {
 fn all_reduce_of_mismatched_buffers_is_an_error_on_every_members_stream() {
     // Each member reads back its own buffer after the all-reduce: the error is on its stream.
     let inputs = [f32_bytes(&[1.0, 2.0]), f32_bytes(&[1.0, 2.0, 3.0])];
-    let mut servers: Vec<Harness> = inputs.iter().map(|_| server(1 << 30)).collect();
-    let ids: Vec<_> = servers.iter().map(|h| h.server.device).collect();
-    for h in &mut servers {
-        h.server.comm_init(ids.clone()).expect("join");
-    }
-    let errors: Vec<ServerError> = std::thread::scope(|scope| {
-        let workers: Vec<_> = servers
-            .into_iter()
-            .zip(&inputs)
-            .enumerate()
-            .map(|(i, (mut h, input))| {
-                let ids = ids.clone();
-                scope.spawn(move || {
-                    let on = stream(i as u64);
-                    let buffer = tensor(&mut h, input, on);
-                    h.server
-                        .all_reduce(
-                            buffer.clone().binding(),
-                            buffer.clone().binding(),
-                            F32,
-                            on,
-                            ReduceOperation::Sum,
-                            ids,
-                        )
-                        .expect("the call itself returns");
-                    read(&mut h, &buffer, input.len(), on).expect_err("sizes differ")
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().expect("worker"))
-            .collect()
+    let errors: Vec<ServerError> = on_every_member(&inputs, |h, buffer, on, ids, len| {
+        h.server
+            .all_reduce(
+                buffer.clone().binding(),
+                buffer.clone().binding(),
+                F32,
+                on,
+                ReduceOperation::Sum,
+                ids,
+            )
+            .expect("the call itself returns");
+        read(h, buffer, len, on).expect_err("sizes differ")
     });
     for err in errors {
         assert!(err.to_string().contains("different sizes"), "{err}");
