@@ -334,7 +334,7 @@ pub fn segment_rules(requested: u64, config: &AllocatorConfig) -> (u64, u64, Vec
     let segment = if config.expandable_segments {
         block.div_ceil(ROUND_LARGE) * ROUND_LARGE
     } else {
-        segment_size(block, config.segment_sizing, u64::MAX)
+        segment_size(block, config.segment_sizing, u64::MAX, 0)
     };
     if config.expandable_segments {
         rules.push(format!(
@@ -359,7 +359,8 @@ pub fn segment_rules(requested: u64, config: &AllocatorConfig) -> (u64, u64, Vec
     } else if block < MIN_LARGE_ALLOC {
         rules.push(format!(
             "a large request under {} gets a segment of an eighth of what the large pool \
-             already reserves, at least the request rounded up to {} and at most {} (shared \
+             already reserves, at least the request (twice the request when the large pool \
+             holds free memory that did not fit it) rounded up to {} and at most {} (shared \
              by later requests of that range; segment_sizing:grow)",
             format_bytes(MIN_LARGE_ALLOC),
             format_bytes(ROUND_LARGE),

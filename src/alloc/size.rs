@@ -9,19 +9,26 @@
 //! bucket would waste more than any reuse could win back.
 //!
 //! One rule differs by default ([`SegmentSizing::Grow`]): a mid-size request's segment grows
-//! with the large pool instead of starting at 20 MiB. It is the request rounded up to 2 MiB,
-//! or an eighth of what the large pool already reserves (rounded up to 2 MiB), whichever is
-//! larger, and at most 20 MiB. So a new segment never costs more than an eighth of the pool
-//! beyond the request, where PyTorch's costs up to 20 MiB whatever the pool: a model whose
+//! with the large pool instead of starting at 20 MiB. It is an eighth of what the large pool
+//! already reserves (rounded up to 2 MiB), at most 20 MiB, and at least the request rounded up
+//! to 2 MiB, or **twice** the request when the large pool holds free memory that could not
+//! serve it. So a new segment never costs more than an eighth of the pool beyond the request
+//! (or one request more), where PyTorch's costs up to 20 MiB whatever the pool: a model whose
 //! activations fit in a few MiB (Burn's small convolutional network: 3.95 MiB live at its
 //! peak, 1.5 MiB im2col buffers) no longer reserves 20 MiB for its first mid-size tensor,
 //! which made it reserve 3.2 times what CubeCL's own pool does on wgpu. Segments reach
-//! PyTorch's 20 MiB once the large pool holds 160 MiB; below that a pool pays more device
-//! allocations (about twenty more on the way to 160 MiB, once per process: the cache keeps
-//! them). Of the shares measured on the replay's traces (a whole, a half, a quarter, an
-//! eighth of the pool, and none), an eighth reserved least on the variable-shape ones
-//! (`docs/src/benchmarks.md`). `segment_sizing:pytorch` restores PyTorch's
-//! `get_allocation_size` exactly.
+//! PyTorch's 20 MiB once the large pool holds 160 MiB.
+//!
+//! The doubling is for shapes that change from step to step. A miss while the pool has free
+//! memory means the cached blocks are the wrong sizes: a variable-length transformer whose
+//! sequence lengths climb over its first steps missed at every step, and with segments cut to
+//! the request each held one block that the next, longer step could not use, so the pool
+//! reserved a second working set beside the first (issue 39: 112 MiB against Burn's 97.6 on
+//! one seed). A segment with one request of headroom serves the next longer shape, or two
+//! shorter ones. A pool that misses with nothing free (a model's first pass, a working set
+//! that only grows) still gets segments cut to the request. `docs/src/benchmarks.md` has the
+//! shares and factors measured on the replay's traces. `segment_sizing:pytorch` restores
+//! PyTorch's `get_allocation_size` exactly.
 
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +52,9 @@ pub const ROUND_LARGE: u64 = 2 * MIB;
 /// Under `SegmentSizing::Grow`, a new mid-size segment is at least the large pool's reserved
 /// bytes over this.
 pub const GROWTH_SHARE: u64 = 8;
+/// Under `SegmentSizing::Grow`, a new mid-size segment made while the large pool holds free
+/// memory is at least this many times the request.
+pub const MISS_HEADROOM: u64 = 2;
 
 /// The two pools: they never share a segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -117,8 +127,9 @@ fn round_to_power2_division(size: u64, divisions: u64) -> u64 {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SegmentSizing {
-    /// The default: the request rounded up to 2 MiB or an eighth of what the large pool
-    /// already reserves (rounded up to 2 MiB), whichever is larger, and at most 20 MiB.
+    /// The default: an eighth of what the large pool already reserves, and at least the
+    /// request, or twice the request when the large pool holds free memory (each rounded up
+    /// to 2 MiB); at most 20 MiB.
     #[default]
     Grow,
     /// PyTorch's `get_allocation_size`: always 20 MiB.
@@ -136,17 +147,26 @@ impl SegmentSizing {
 }
 
 /// The size of a new segment for a block of `rounded` bytes, with `large_reserved` bytes
-/// already reserved by the large pool (only [`SegmentSizing::Grow`] reads it).
-pub fn segment_size(rounded: u64, sizing: SegmentSizing, large_reserved: u64) -> u64 {
+/// already reserved by the large pool, `large_free` of them in free blocks (only
+/// [`SegmentSizing::Grow`] reads these two; see the module documentation).
+pub fn segment_size(
+    rounded: u64,
+    sizing: SegmentSizing,
+    large_reserved: u64,
+    large_free: u64,
+) -> u64 {
     let round_large = |bytes: u64| bytes.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE);
     if rounded <= SMALL_SIZE {
         SMALL_BUFFER
     } else if rounded < MIN_LARGE_ALLOC {
         match sizing {
             SegmentSizing::Pytorch => LARGE_BUFFER,
-            SegmentSizing::Grow => round_large(rounded)
-                .max(round_large(large_reserved / GROWTH_SHARE))
-                .min(LARGE_BUFFER),
+            SegmentSizing::Grow => {
+                let headroom = if large_free > 0 { MISS_HEADROOM } else { 1 };
+                round_large(rounded.saturating_mul(headroom))
+                    .max(round_large(large_reserved / GROWTH_SHARE))
+                    .min(LARGE_BUFFER)
+            }
         }
     } else {
         round_large(rounded)

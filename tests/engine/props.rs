@@ -126,14 +126,18 @@ fn round_size(size: u64, divisions: u64) -> u64 {
 }
 
 /// PyTorch's `get_allocation_size`, or with `grow` (`segment_sizing:grow`, the default) a
-/// mid-size segment of the request or an eighth of the large pool's reserved bytes,
-/// whichever is larger, each rounded up to 2 MiB, and at most 20 MiB.
-fn segment_size(rounded: u64, grow: bool, large_reserved: u64) -> u64 {
+/// mid-size segment of an eighth of the large pool's reserved bytes, at least the request, or
+/// twice the request when the large pool holds free bytes, each rounded up to 2 MiB, and at
+/// most 20 MiB.
+fn segment_size(rounded: u64, grow: bool, large_reserved: u64, large_free: u64) -> u64 {
     let two = |bytes: u64| bytes.div_ceil(2 * MIB) * 2 * MIB;
+    let headroom = if large_free > 0 { 2 } else { 1 };
     if rounded <= MIB {
         2 * MIB
     } else if rounded < 10 * MIB && grow {
-        two(rounded).max(two(large_reserved / 8)).min(20 * MIB)
+        two(rounded * headroom)
+            .max(two(large_reserved / 8))
+            .min(20 * MIB)
     } else if rounded < 10 * MIB {
         20 * MIB
     } else {
@@ -446,10 +450,28 @@ fn predict(model: &Model, snapshot: &Snapshot, size: u64, stream: u64) -> Expect
     if rounded > CAPACITY {
         return Expect::TooLarge;
     }
+    if model.max_segment.is_some_and(|max| rounded > max) {
+        return Expect::TooLarge;
+    }
+    let (free, unsure) = model.settle(snapshot, false);
+    if unsure.contains(&(stream, pool_of(rounded))) {
+        return Expect::Unsure;
+    }
+    // The engine sizes a new segment after its pending frees settle: free bytes of the large
+    // pool on any stream count.
+    let large_free: u64 = free
+        .iter()
+        .filter(|b| b.pool == PoolKind::Large)
+        .map(|b| b.size)
+        .sum();
+    if large_free == 0 && unsure.iter().any(|&(_, pool)| pool == PoolKind::Large) {
+        return Expect::Unsure;
+    }
     let mut segment = segment_size(
         rounded,
         model.grow_segments,
         snapshot.stats.reserved_bytes.large_pool.current,
+        large_free,
     );
     if let Some(max) = model.max_segment
         && segment > max
@@ -458,10 +480,6 @@ fn predict(model: &Model, snapshot: &Snapshot, size: u64, stream: u64) -> Expect
             return Expect::TooLarge;
         }
         segment = rounded;
-    }
-    let (free, unsure) = model.settle(snapshot, false);
-    if unsure.contains(&(stream, pool_of(rounded))) {
-        return Expect::Unsure;
     }
     if let Some(block) = model.best_fit(&free, stream, rounded) {
         return Expect::Hit {

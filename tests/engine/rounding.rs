@@ -36,7 +36,7 @@ fn sizes_round_to_512_and_route_to_their_pool() {
             "pool of a {request}-byte request"
         );
         assert_eq!(
-            segment_size(rounded, SegmentSizing::Pytorch, 0),
+            segment_size(rounded, SegmentSizing::Pytorch, 0, 0),
             segment,
             "segment for a {request}-byte request"
         );
@@ -44,9 +44,9 @@ fn sizes_round_to_512_and_route_to_their_pool() {
 }
 
 /// `segment_sizing:grow` (the default) changes one row of PyTorch's `get_allocation_size`:
-/// a mid-size block's segment is the block or an eighth of the large pool's reserved bytes,
-/// whichever is larger, each rounded up to 2 MiB, and at most 20 MiB. The small pool and
-/// blocks of 10 MiB and more are PyTorch's.
+/// a mid-size block's segment is an eighth of the large pool's reserved bytes, at least the
+/// block (twice the block when the large pool holds free bytes), each rounded up to 2 MiB,
+/// and at most 20 MiB. The small pool and blocks of 10 MiB and more are PyTorch's.
 #[test]
 fn grown_segments_follow_an_eighth_of_the_large_pool_up_to_20_mib() {
     let grow = SegmentSizing::Grow;
@@ -70,11 +70,11 @@ fn grown_segments_follow_an_eighth_of_the_large_pool_up_to_20_mib() {
     ];
     for (block, reserved, segment) in table {
         assert_eq!(
-            segment_size(block, grow, reserved),
+            segment_size(block, grow, reserved, 0),
             segment,
             "grow: block {block}, large pool {reserved}"
         );
-        let pytorch = segment_size(block, SegmentSizing::Pytorch, reserved);
+        let pytorch = segment_size(block, SegmentSizing::Pytorch, reserved, 0);
         let expected = if block > MIB && block < 10 * MIB {
             20 * MIB
         } else {
@@ -84,6 +84,74 @@ fn grown_segments_follow_an_eighth_of_the_large_pool_up_to_20_mib() {
     }
     assert_eq!(SegmentSizing::default(), grow);
     assert_eq!(AllocatorConfig::default().segment_sizing, grow);
+
+    // With free bytes in the large pool the request counts twice; the eighth and the 20 MiB
+    // bound still apply, and the other rows do not change. (block, reserved, free, segment)
+    let missed = [
+        (MIB + 512, 8 * MIB, 512, 4 * MIB),
+        (3 * MIB, 8 * MIB, 4 * MIB, 6 * MIB),
+        (5 * MIB, 8 * MIB, 4 * MIB, 10 * MIB),
+        (5 * MIB + 512, 8 * MIB, 4 * MIB, 12 * MIB),
+        (3 * MIB, 100 * MIB, 50 * MIB, 14 * MIB),
+        (9 * MIB, 0, 1, 18 * MIB),
+        (10 * MIB - 512, 8 * MIB, 4 * MIB, 20 * MIB),
+        (MIB, 8 * MIB, 4 * MIB, 2 * MIB),
+        (10 * MIB, 8 * MIB, 4 * MIB, 10 * MIB),
+    ];
+    for (block, reserved, free, segment) in missed {
+        assert_eq!(
+            segment_size(block, grow, reserved, free),
+            segment,
+            "grow: block {block}, large pool {reserved} with {free} free"
+        );
+        if block > MIB && block < 10 * MIB {
+            assert_eq!(
+                segment_size(block, SegmentSizing::Pytorch, reserved, free),
+                20 * MIB
+            );
+        }
+    }
+}
+
+/// Through the engine: a miss while the large pool holds free memory that does not fit (the
+/// shapes changed) makes a segment of twice the request, whose rest serves the next request
+/// of that size; a miss with nothing free makes one of the request. Under the request-sized
+/// rule the two 5 MiB requests took a 6 MiB segment each (20 MiB in all); PyTorch's
+/// `get_allocation_size` gives every mid-size miss 20 MiB.
+#[test]
+fn a_miss_beside_free_memory_takes_a_segment_twice_its_request() {
+    let (alloc, _device) = allocator(1024 * MIB, "segment_sizing:grow");
+    let a = alloc.malloc(3 * MIB, S0).unwrap();
+    let b = alloc.malloc(3 * MIB, S0).unwrap();
+    // Nothing was free: a segment of the request (4 MiB; the 1 MiB rest stays in the block).
+    assert_eq!(layout(&alloc), [vec![(4 * MIB, A)], vec![(4 * MIB, A)]]);
+    alloc.free(a).unwrap();
+    // 4 MiB free, too small for 5 MiB: twice the request, 10 MiB, split.
+    let c = alloc.malloc(5 * MIB, S0).unwrap();
+    assert_eq!(
+        layout(&alloc),
+        [
+            vec![(4 * MIB, F)],
+            vec![(4 * MIB, A)],
+            vec![(5 * MIB, A), (5 * MIB, F)]
+        ]
+    );
+    // The next 5 MiB needs no device memory.
+    let d = alloc.malloc(5 * MIB, S0).unwrap();
+    assert_eq!(
+        layout(&alloc),
+        [
+            vec![(4 * MIB, F)],
+            vec![(4 * MIB, A)],
+            vec![(5 * MIB, A), (5 * MIB, A)]
+        ]
+    );
+    let stats = alloc.stats();
+    assert_eq!(stats.memory_reserved(), 18 * MIB);
+    assert_eq!(stats.num_device_alloc, 3);
+    for x in [b, c, d] {
+        alloc.free(x).unwrap();
+    }
 }
 
 /// Through the engine (`Engine::malloc`): on an empty pool, 3 MiB requests each take a 4 MiB

@@ -158,7 +158,7 @@ fn segment_sizing_sizes_the_next_segment() {
     alloc.set_allocator_settings("segment_sizing:grow").unwrap();
     assert_eq!(alloc.config().segment_sizing, SegmentSizing::Grow);
     let b = alloc.malloc(3 * MIB, S0).unwrap();
-    let expected = segment_size(3 * MIB, SegmentSizing::Grow, 20 * MIB);
+    let expected = segment_size(3 * MIB, SegmentSizing::Grow, 20 * MIB, 0);
     assert!(expected < 20 * MIB, "{expected}");
     assert_eq!(alloc.stats().memory_reserved(), 20 * MIB + expected);
     for x in [a, rest, b] {

@@ -383,10 +383,15 @@ impl<D: DeviceMemory> Engine<D> {
         {
             return Err(self.too_large(size, total, stream));
         }
+        let large = (
+            self.stats.reserved_bytes.large_pool.current,
+            self.stats.active_bytes.large_pool.current,
+        );
         let mut new_segment = segment_size(
             rounded,
             self.config.segment_sizing,
-            self.stats.reserved_bytes.large_pool.current,
+            large.0,
+            large.0.saturating_sub(large.1),
         );
         if let Some(max) = self.max_segment
             && new_segment > max
