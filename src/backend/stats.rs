@@ -102,6 +102,7 @@ impl CachingMemoryStats {
             ("cubecl.growth_reclaims", c.reclaim.growth_reclaims),
             ("cubecl.skipped_reclaims", c.reclaim.skipped_reclaims),
             ("cubecl.oom_reclaims", c.reclaim.oom_reclaims),
+            ("cubecl.idle_reclaims", c.reclaim.idle_reclaims),
             ("cubecl.reclaim_work", c.reclaim.reclaim_work),
             ("device.free", self.device.free),
             ("device.total", self.device.total),

@@ -263,3 +263,112 @@ fn a_failed_fence_query_leaves_the_segment_where_it_was_and_the_request_gets_new
     assert_eq!(device.counters().allocs, 3);
     check_invariants(&alloc, &device);
 }
+
+/// With pool borrowing as well (both defaults): a gone stream's segments of the other pool
+/// serve a new stream where a borrow would serve it on its own stream. A large request of at
+/// most 2 MiB takes an idle stream's wholly free small-pool segment; a small request takes an
+/// idle stream's wholly free 2 MiB large-pool segment, which moves to the small pool. Rounds
+/// of data-loader threads whose tensors straddle the 1 MiB line made new segments every round
+/// without this, while the wrong pool's segments of the last round's threads stayed cached.
+#[test]
+fn a_gone_streams_other_pool_segment_serves_where_a_borrow_would() {
+    let config = "cross_stream_reuse:true,pool_borrowing:true,segment_sizing:grow";
+    let (alloc, device) = allocator(64 * MIB, config);
+    // Stream 1 holds a 12 MiB tensor (so the engine knows two streams, and stream 1 caches
+    // nothing). Stream 0 caches one 2 MiB large segment and one small segment, goes idle,
+    // and its work passes its fence.
+    let held = alloc.malloc(12 * MIB, S1).unwrap();
+    let large = alloc.malloc(1536 * KIB, S0).unwrap();
+    let small = alloc.malloc(512 * KIB, S0).unwrap();
+    let (large_address, small_address) = (large.address(), small.address());
+    alloc.free(small).unwrap();
+    alloc.free(large).unwrap();
+    device.complete_events(S0);
+    let stats = alloc.stats();
+    assert_eq!(stats.segment.small_pool.current, 1);
+    assert_eq!(stats.segment.large_pool.current, 2);
+    assert_eq!(stats.num_device_alloc, 3);
+
+    // Stream 1's 1.2 MiB request: stream 0's large segment serves it (the same pool first).
+    let a = alloc.malloc(1200 * KIB, S1).unwrap();
+    assert_eq!(a.address(), large_address);
+    // The second: stream 0 has no large segment left, but its small segment is wholly free:
+    // it moves to stream 1 and the request borrows it.
+    let b = alloc.malloc(1200 * KIB, S1).unwrap();
+    assert_eq!(b.address(), small_address);
+    let stats = alloc.stats();
+    assert_eq!(stats.num_device_alloc, 3, "no new segment");
+    assert_eq!(stats.num_stream_shares, 2);
+    assert_eq!(stats.num_pool_borrows, 1);
+    assert_eq!(segment_streams(&alloc), vec![1, 1, 1]);
+    // The borrowed block counts in its segment's pool, split by the small pool's rule; the
+    // large block keeps its 848 KiB rest (a large block splits only for a rest over 1 MiB).
+    assert_eq!(stats.allocated_bytes.small_pool.current, 1200 * KIB);
+    assert_eq!(
+        layout(&alloc),
+        [
+            vec![(12 * MIB, A)],
+            vec![(2 * MIB, A)],
+            vec![(1200 * KIB, A), (848 * KIB, F)],
+        ]
+    );
+    check_invariants(&alloc, &device);
+
+    for x in [a, b, held] {
+        alloc.free(x).unwrap();
+    }
+    check_invariants(&alloc, &device);
+}
+
+/// The other way (`a_gone_streams_other_pool_segment_serves_where_a_borrow_would`): a small
+/// request takes an idle stream's wholly free 2 MiB large-pool segment, which moves to the
+/// requesting stream and to the small pool, split by the small pool's rule.
+#[test]
+fn a_gone_streams_2_mib_large_segment_serves_a_small_request() {
+    let config = "cross_stream_reuse:true,pool_borrowing:true,segment_sizing:grow";
+    let (alloc, device) = allocator(64 * MIB, config);
+    let held = alloc.malloc(12 * MIB, S1).unwrap();
+    let large = alloc.malloc(1536 * KIB, S0).unwrap();
+    let large_address = large.address();
+    alloc.free(large).unwrap();
+    device.complete_events(S0);
+    let c = alloc.malloc(512 * KIB, S1).unwrap();
+    assert_eq!(c.address(), large_address);
+    let stats = alloc.stats();
+    assert_eq!(stats.num_device_alloc, 2, "no new segment");
+    assert_eq!((stats.num_stream_shares, stats.num_pool_borrows), (1, 1));
+    assert_eq!(stats.segment.small_pool.current, 1);
+    assert_eq!(stats.segment.large_pool.current, 1);
+    assert_eq!(stats.reserved_bytes.small_pool.current, 2 * MIB);
+    assert_eq!(segment_streams(&alloc), vec![1, 1]);
+    assert_eq!(
+        layout(&alloc),
+        [vec![(12 * MIB, A)], vec![(512 * KIB, A), (1536 * KIB, F)]]
+    );
+    check_invariants(&alloc, &device);
+    for x in [c, held] {
+        alloc.free(x).unwrap();
+    }
+    check_invariants(&alloc, &device);
+}
+
+/// PyTorch's rule on either switch: with `pool_borrowing:false`, another stream's segments
+/// of the other pool are never taken (a new segment is made).
+#[test]
+fn without_pool_borrowing_another_streams_other_pool_is_left_alone() {
+    let config = "cross_stream_reuse:true,pool_borrowing:false,segment_sizing:grow";
+    let (alloc, device) = allocator(64 * MIB, config);
+    let held = alloc.malloc(12 * MIB, S1).unwrap();
+    let small = alloc.malloc(512 * KIB, S0).unwrap();
+    alloc.free(small).unwrap();
+    device.complete_events(S0);
+    let a = alloc.malloc(1200 * KIB, S1).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.num_device_alloc, 3);
+    assert_eq!((stats.num_stream_shares, stats.num_pool_borrows), (0, 0));
+    assert_eq!(segment_streams(&alloc), vec![1, 0, 1]);
+    for x in [a, held] {
+        alloc.free(x).unwrap();
+    }
+    check_invariants(&alloc, &device);
+}

@@ -439,6 +439,9 @@ impl<D: DeviceMemory> Engine<D> {
         if let Some(block) = self.take_from_other_stream(pool, stream, rounded)? {
             return Ok(Some(block));
         }
+        if let Some(block) = self.borrow_from_other_stream(pool, stream, rounded)? {
+            return Ok(Some(block));
+        }
         if self.gc_enabled() {
             self.collect_garbage()?;
         }

@@ -38,7 +38,7 @@
 use super::Engine;
 use crate::alloc::block::BlockId;
 use crate::alloc::error::AllocError;
-use crate::alloc::size::PoolKind;
+use crate::alloc::size::{PoolKind, SMALL_BUFFER};
 use crate::device::{DeviceMemory, DeviceStream};
 
 /// Candidates a search looks at per busy stream past its best fit: a busy stream's free list
@@ -155,6 +155,52 @@ impl<D: DeviceMemory> Engine<D> {
         stream: DeviceStream,
         rounded: u64,
     ) -> Result<Option<BlockId>, AllocError> {
+        self.take_segment_from_other_stream(pool, stream, rounded, u64::MAX)
+    }
+
+    /// With pool borrowing on as well, a miss of `pool` that neither its stream's other pool
+    /// nor another stream's `pool` could serve borrows from another stream's other pool: the
+    /// wholly free segment a borrow could take there (a small-pool segment for a large
+    /// request of at most 2 MiB, an exactly 2 MiB large-pool segment for a small request)
+    /// moves to `stream` and is borrowed as [`borrow_from_other_pool`] borrows. Without this,
+    /// rounds of new threads whose requests straddle the 1 MiB line kept the wrong pool's
+    /// segments of the gone threads cached and made new ones for every round.
+    ///
+    /// [`borrow_from_other_pool`]: Engine::borrow_from_other_pool
+    pub(super) fn borrow_from_other_stream(
+        &mut self,
+        pool: PoolKind,
+        stream: DeviceStream,
+        rounded: u64,
+    ) -> Result<Option<BlockId>, AllocError> {
+        if !self.config.pool_borrowing {
+            return Ok(None);
+        }
+        let (other, want, limit) = match pool {
+            PoolKind::Large if rounded <= SMALL_BUFFER => (PoolKind::Small, rounded, u64::MAX),
+            PoolKind::Large => return Ok(None),
+            PoolKind::Small => (PoolKind::Large, SMALL_BUFFER, SMALL_BUFFER),
+        };
+        let Some(segment) = self.take_segment_from_other_stream(other, stream, want, limit)? else {
+            return Ok(None);
+        };
+        // The segment is the stream's now: listed there, it is the one block of the other
+        // pool that the borrow can take (the stream's own were looked at before this).
+        self.list(segment);
+        let borrowed = self.borrow_from_other_pool(pool, stream, rounded);
+        debug_assert!(borrowed.is_some(), "a moved segment is borrowed");
+        Ok(borrowed)
+    }
+
+    /// [`take_from_other_stream`](Self::take_from_other_stream) for segments of at most
+    /// `limit` bytes.
+    fn take_segment_from_other_stream(
+        &mut self,
+        pool: PoolKind,
+        stream: DeviceStream,
+        rounded: u64,
+        limit: u64,
+    ) -> Result<Option<BlockId>, AllocError> {
         if !self.sharing() {
             return Ok(None);
         }
@@ -174,7 +220,7 @@ impl<D: DeviceMemory> Engine<D> {
                 // A fence that cannot be recorded or asked (an event pool exhausted on a
                 // nearly full device) leaves that stream's cache where it is: the request
                 // goes on to new memory and the out-of-memory path, never fails here.
-                let found = match self.shareable_segment(i, pool, rounded, idle) {
+                let found = match self.shareable_segment(i, pool, rounded, limit, idle) {
                     Ok(found) => found,
                     Err(err) => {
                         log::warn!(
@@ -207,6 +253,7 @@ impl<D: DeviceMemory> Engine<D> {
         i: usize,
         pool: PoolKind,
         rounded: u64,
+        limit: u64,
         idle: bool,
     ) -> Result<Option<(u64, u64, BlockId)>, AllocError> {
         let stream = self.streams.streams[i].stream;
@@ -215,7 +262,7 @@ impl<D: DeviceMemory> Engine<D> {
         let mut visited = 0;
         let mut candidate = None;
         while let Some((size, block)) = next {
-            if !self.oversize_rules_allow(rounded, size) {
+            if size > limit || !self.oversize_rules_allow(rounded, size) {
                 break;
             }
             if !self.blocks[block].is_split() && !self.in_expandable_segment(block) {
