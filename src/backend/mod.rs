@@ -132,11 +132,13 @@ mod device;
 #[cfg(feature = "train")]
 mod metric;
 mod report;
+mod scope;
 mod stats;
 
 #[cfg(feature = "train")]
 pub use metric::{CachingMemoryMetric, MemoryMetrics, MemoryQuantity};
 pub use report::{memory_point, memory_report};
+pub use scope::{MemoryScope, Phase, annotate, memory_scope};
 
 pub use configure::{ConfigureError, configure};
 pub use device::CachingDevice;
