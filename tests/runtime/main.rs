@@ -5,7 +5,7 @@
 //!   the simulated device (no GPU, no feature);
 //! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`,
 //!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`,
-//!   `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`, `soak_wgpu`,
+//!   `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`, `scopes_wgpu`, `soak_wgpu`,
 //!   `thread_rounds_wgpu`,
 //!   `trace_wgpu` (feature `wgpu`): Burn on
 //!   `CachingWgpu` (fused) and `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe
@@ -77,6 +77,8 @@ mod multi_device_wgpu;
 mod observe_twice_wgpu;
 #[cfg(feature = "wgpu")]
 mod oom_observers_wgpu;
+#[cfg(feature = "wgpu")]
+mod scopes_wgpu;
 #[cfg(feature = "wgpu")]
 mod soak_wgpu;
 #[cfg(feature = "wgpu")]
