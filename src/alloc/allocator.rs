@@ -354,6 +354,16 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         self.engine.lock().mark_phase(name, stage);
     }
 
+    /// Counts every live allocation of scope `from` under `to` from now on (`None`: under no
+    /// scope), for a scope whose memory changes meaning (gradients that an optimizer step
+    /// turned into its state); returns the bytes moved.
+    ///
+    /// # Errors
+    /// [`AllocError::Poisoned`] when an earlier operation panicked inside the allocator.
+    pub fn move_scope(&self, from: &str, to: Option<Tag>) -> Result<u64, AllocError> {
+        Ok(self.change("move_scope")?.move_scope(from, to))
+    }
+
     /// Notes that `allocation` is used on `stream` as well as its own.
     pub fn record_stream(
         &self,

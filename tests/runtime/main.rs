@@ -3,7 +3,7 @@
 //! - `faults`: dropped stream memory and a poisoned engine at the runtime layer;
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
-//! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`,
+//! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`, `components_wgpu`,
 //!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`,
 //!   `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`, `scopes_wgpu`, `soak_wgpu`,
 //!   `thread_rounds_wgpu`,
@@ -55,6 +55,8 @@ mod burn_mlp_wgpu;
 mod burn_oom_wgpu;
 #[cfg(feature = "wgpu")]
 mod caller_stacks_wgpu;
+#[cfg(feature = "wgpu")]
+mod components_wgpu;
 #[cfg(feature = "wgpu")]
 mod configure_wgpu;
 #[cfg(feature = "wgpu")]

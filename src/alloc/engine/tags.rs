@@ -63,6 +63,26 @@ impl<D: DeviceMemory> Engine<D> {
         Ok(())
     }
 
+    /// Moves every live allocation of scope `from` to `to` (`None`: no scope); returns the
+    /// bytes moved.
+    pub fn move_scope(&mut self, from: &str, to: Option<Tag>) -> u64 {
+        let moving: Vec<BlockId> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.tag.as_ref().is_some_and(|t| t.name() == from))
+            .map(|(id, _)| id)
+            .collect();
+        let saved = std::mem::replace(&mut self.request_tag, to);
+        let mut moved = 0;
+        for block in moving {
+            moved += self.blocks[block].size();
+            self.untag(block);
+            self.tag(block);
+        }
+        self.request_tag = saved;
+        moved
+    }
+
     /// The count of `tag`'s bytes, made on first use.
     fn scope_stat(&mut self, tag: &Tag) -> &mut Stat {
         let scopes = &mut self.stats_mut().scopes;
