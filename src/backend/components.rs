@@ -62,12 +62,11 @@
 //! - **other**: every other live block (input batches, metrics, anything made outside the
 //!   scopes).
 //!
-//! burn-train's `Learner` runs its forward, backward and step inside its own loop, with no hook
-//! between them that a caller can reach (burn-train 0.21's `TrainStep::step` returns the
-//! gradients with the output, and the learner calls the optimizer itself): with burn-train, open
-//! `components.forward()` inside `TrainStep::step` around the forward; the backward and the
-//! optimizer's step are not reachable, and count under "other". The loop above is the way to
-//! see all five.
+//! With burn-train, the forward and backward passes are the user's `TrainStep::step`, where
+//! [`Components::forward`] and [`Components::backward`] open; the optimizer's step is the
+//! learner's (`learner.optimizer_step`), with no hook around it, so its allocations count as
+//! "other" and the gradients it leaves live stay "gradient". The loop above is the way to see
+//! all five.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;

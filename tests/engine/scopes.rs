@@ -234,11 +234,20 @@ fn the_viewer_lists_the_scopes_and_draws_the_phases_in_chromium() {
         alloc.mark_phase(phase, PhaseStage::Start);
         let _scope = Tag::new(phase).enter();
         live.push(alloc.malloc(size, S0).expect("fits"));
+        // Temporaries, freed inside the phase: the timeline rises and falls.
+        for i in 1..=3 {
+            let t = alloc.malloc(i * size / 8, S0).expect("fits");
+            alloc.free(t).expect("live");
+        }
         live.push(alloc.malloc(size / 4, S0).expect("fits"));
         alloc.mark_phase(phase, PhaseStage::End);
     }
     let page = std::env::temp_dir().join(format!("viewer-scopes-{}.html", std::process::id()));
     alloc.dump_html(&page).expect("written");
+    // The docs' picture: `SCOPES_VIEWER_OUT=/tmp/scopes.html`, then a screenshot in chromium.
+    if let Ok(out) = std::env::var("SCOPES_VIEWER_OUT") {
+        std::fs::copy(&page, out).expect("copied");
+    }
     let Some(dom) = rendered_dom(&page) else {
         let _ = std::fs::remove_file(&page);
         return;

@@ -188,4 +188,32 @@ fn scope_cost() {
     measure::<CachingWgpu>(&device, "fused");
     measure::<CachingWgpuUnfused>(&device, "unfused");
     backend::empty_cache(&device);
+
+    // How much of a longer chain (burn-fusion executes fused blocks lazily, before the scope
+    // ends) a scope sees: its peak against the growth of the allocated peak.
+    fn coverage<B: Backend<Device = WgpuDevice>>(device: &WgpuDevice, name: &str) {
+        let x = Tensor::<B, 2>::ones([128, 128], device);
+        let ws: Vec<_> = (0..6)
+            .map(|_| Tensor::<B, 2>::ones([128, 128], device).mul_scalar(0.01))
+            .collect();
+        backend::reset_peak_memory_stats(device);
+        let base = backend::memory_stats(device).max_memory_allocated();
+        let scope = format!("coverage.{name}");
+        let out = {
+            let _scope = backend::memory_scope(device, &scope);
+            let mut h = x.clone();
+            for w in &ws {
+                h = (h.matmul(w.clone()) + 0.5).tanh() * 2.0 - 1.0;
+            }
+            h
+        };
+        let stats = backend::memory_stats(device);
+        let grew = stats.max_memory_allocated() - base;
+        let seen = stats.engine.scopes.get(&scope).map_or(0, |s| s.peak);
+        println!("{name}: a 6-layer chain's peak growth {grew} B, its scope's peak {seen} B");
+        drop((x, ws, out));
+    }
+    coverage::<CachingWgpu>(&device, "fused");
+    coverage::<CachingWgpuUnfused>(&device, "unfused");
+    backend::empty_cache(&device);
 }
