@@ -25,7 +25,7 @@
 //!     let x = Tensor::<B, 2>::ones([32, 64], &device);
 //!     let loss = {
 //!         let _forward = components.forward();
-//!         model.forward(x).powi_scalar(2).mean()
+//!         model.forward(x).mean()
 //!     };
 //!     let grads = {
 //!         let _backward = components.backward();

@@ -17,8 +17,11 @@ use parking_lot::Mutex;
 
 use crate::alloc::{ActiveCount, Tag, count_active};
 
-/// Per stream id: its active scopes, innermost last, each with the number its guard removes.
-static SCOPES: Mutex<Option<HashMap<u64, Vec<(u64, Tag)>>>> = Mutex::new(None);
+/// One stream's active scopes, innermost last, each with the number its guard removes.
+type StreamScopes = Vec<(u64, Tag)>;
+
+/// Per stream id, its active scopes.
+static SCOPES: Mutex<Option<HashMap<u64, StreamScopes>>> = Mutex::new(None);
 
 /// The number of the next scope entered (a guard removes its own entry, whatever the order).
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
