@@ -10,9 +10,10 @@ use super::block::BlockId;
 use super::config::{AllocatorConfig, ConfigError, validate_memory_fraction};
 use super::engine::{Engine, MissPath};
 use super::error::{AllocError, InvariantViolation};
-use super::history::{HistoryOptions, Snapshot, StackContext, Trace};
+use super::history::{HistoryOptions, PhaseStage, Snapshot, StackContext, Trace};
 use super::inspect::{self, InspectError, ViewerLayer};
 use super::observers::{ObserverReport, ObserverThread, Observers, OomObserver};
+use super::scope::Tag;
 use super::stack::Stack;
 use super::stats::MemoryStats;
 use super::summary::Summary;
@@ -222,10 +223,13 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         growth: MissPath,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
         let stack = self.request_stack();
+        let tag = Tag::of_request();
         let result = self.change("malloc").and_then(|mut engine| {
             engine.set_request_stack(stack);
+            engine.set_request_tag(tag);
             let block = engine.malloc(size, stream, growth);
             engine.set_request_stack(None);
+            engine.set_request_tag(None);
             block.map(|b| b.map(|b| self.allocation(&engine, b)))
         });
         if let Err(err) = &result
@@ -321,6 +325,43 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         let result = engine.free(allocation.id, allocation.block);
         engine.set_request_stack(None);
         result
+    }
+
+    /// Counts live `allocation` under scope `tag` from now on (`None`: under no scope), in
+    /// place of the scope it was allocated in: for a cache above the engine that hands a live
+    /// block to a new request (the runtime's CubeCL layer does, for same-size tensors).
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidFree`] when `allocation` is not live on this allocator.
+    pub fn retag(
+        &self,
+        allocation: &Allocation<D::Handle>,
+        tag: Option<Tag>,
+    ) -> Result<(), AllocError> {
+        if allocation.allocator != self.id {
+            return Err(AllocError::InvalidFree { id: allocation.id });
+        }
+        self.change("retag")?
+            .retag(allocation.id, allocation.block, tag)
+    }
+
+    /// Records that phase `name` begins or ends now, while the history is recorded (otherwise
+    /// nothing): PyTorch's `external_annotations`, drawn as bands by the viewers. A phase
+    /// marked from a thread other than the one serving the requests is ordered with them only
+    /// as far as the caller made sure its requests were served first (the backend's
+    /// `annotate` does).
+    pub fn mark_phase(&self, name: &str, stage: PhaseStage) {
+        self.engine.lock().mark_phase(name, stage);
+    }
+
+    /// Counts every live allocation of scope `from` under `to` from now on (`None`: under no
+    /// scope), for a scope whose memory changes meaning (gradients that an optimizer step
+    /// turned into its state); returns the bytes moved.
+    ///
+    /// # Errors
+    /// [`AllocError::Poisoned`] when an earlier operation panicked inside the allocator.
+    pub fn move_scope(&self, from: &str, to: Option<Tag>) -> Result<u64, AllocError> {
+        Ok(self.change("move_scope")?.move_scope(from, to))
     }
 
     /// Notes that `allocation` is used on `stream` as well as its own.

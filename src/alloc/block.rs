@@ -18,6 +18,7 @@ use std::ops::{Index, IndexMut};
 use serde::{Deserialize, Serialize};
 use slab::Slab;
 
+use super::scope::Tag;
 use super::size::PoolKind;
 use crate::device::DeviceStream;
 
@@ -111,6 +112,8 @@ pub(crate) struct Block {
     /// Its stream's free count when the block last became free: other streams may take it
     /// once an event recorded after that free has completed (see the engine's `sharing`).
     pub freed_at: u64,
+    /// The scope the live allocation was made in ([`Tag`]), if any.
+    pub tag: Option<Tag>,
 }
 
 impl Block {
@@ -130,6 +133,7 @@ impl Block {
             gc_base: 0,
             backing,
             freed_at: 0,
+            tag: None,
         }
     }
 

@@ -37,6 +37,7 @@ mod free_list;
 mod history;
 mod observers;
 mod report;
+mod scope;
 mod size;
 mod stack;
 mod stats;
@@ -52,13 +53,17 @@ pub use config::{
 pub use error::{AllocError, InvariantViolation, OomAdvice, OomDiagnosis};
 pub use history::inspect;
 pub use history::{
-    BlockSnapshot, HistoryEntry, HistoryOptions, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, RecordMode,
-    SegmentSnapshot, Snapshot, StackContext, Trace, TraceAction, TraceEvent, TraceFileError,
+    BlockSnapshot, HistoryEntry, HistoryOptions, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, PhaseMark,
+    PhaseStage, RecordMode, SegmentSnapshot, Snapshot, StackContext, Trace, TraceAction,
+    TraceEvent, TraceFileError,
 };
 pub use observers::{ObserverReport, ObserverThread, OomObserver};
 pub use report::{
-    CacheState, HeldGroup, MemoryPoint, MemoryReport, OversizedRequest, Verdict, segment_rules,
+    CacheState, HeldGroup, MemoryPoint, MemoryReport, OversizedRequest, ScopeChange, Verdict,
+    segment_rules,
 };
+pub(crate) use scope::{ActiveCount, count_active};
+pub use scope::{ScopeGuard, Tag};
 pub use size::{PoolKind, SegmentSizing, round_size, segment_size};
 pub use stack::{Frame, Stack, StackResolver};
 #[cfg(feature = "runtime")]

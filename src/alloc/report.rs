@@ -167,6 +167,59 @@ pub struct MemoryReport {
     pub cache: CacheState,
     /// Live requests whose segment is much larger than the request, most waste first.
     pub oversized: Vec<OversizedRequest>,
+    /// The memory scopes whose live bytes changed since the first point, most growth first
+    /// (all scopes with live bytes when there is no first point).
+    pub scopes: Vec<ScopeChange>,
+}
+
+/// The live bytes of one memory scope (`alloc::Tag`) at the first point and now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScopeChange {
+    /// The scope's name.
+    pub name: String,
+    /// Its live bytes at the first point.
+    pub before: u64,
+    /// Its live bytes now.
+    pub now: u64,
+}
+
+impl ScopeChange {
+    /// Bytes gained since the first point (negative: given back).
+    pub fn growth(&self) -> i128 {
+        i128::from(self.now) - i128::from(self.before)
+    }
+}
+
+/// The scopes whose live bytes differ between `before` (none: nothing) and `now`, most growth
+/// first.
+fn scope_changes(before: Option<&MemoryPoint>, now: &MemoryPoint) -> Vec<ScopeChange> {
+    let then = |name: &str| {
+        before
+            .and_then(|p| p.snapshot.stats.scopes.get(name))
+            .map_or(0, |s| s.current)
+    };
+    let mut names: Vec<&String> = now.snapshot.stats.scopes.keys().collect();
+    if let Some(before) = before {
+        names.extend(before.snapshot.stats.scopes.keys());
+    }
+    names.sort();
+    names.dedup();
+    let mut changes: Vec<ScopeChange> = names
+        .into_iter()
+        .map(|name| ScopeChange {
+            name: name.clone(),
+            before: then(name),
+            now: now.snapshot.stats.scopes.get(name).map_or(0, |s| s.current),
+        })
+        .filter(|c| c.before != c.now)
+        .collect();
+    changes.sort_by(|a, b| {
+        b.growth()
+            .cmp(&a.growth())
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    changes
 }
 
 /// What the report concludes, in order of what to look at first.
@@ -191,6 +244,7 @@ impl MemoryReport {
         if now.allocated > before.allocated {
             report.held = held_since(before, now);
         }
+        report.scopes = scope_changes(Some(before), now);
         report
     }
 
@@ -202,6 +256,7 @@ impl MemoryReport {
             held: Vec::new(),
             cache: cache_state(now),
             oversized: oversized(&now.snapshot),
+            scopes: scope_changes(None, now),
         }
     }
 
@@ -460,6 +515,12 @@ impl fmt::Display for MemoryReport {
             }
             if self.held.len() > LISTED {
                 writeln!(f, "  ... {} more groups", self.held.len() - LISTED)?;
+            }
+        }
+        if !self.scopes.is_empty() {
+            writeln!(f, "by scope (live bytes, most growth first):")?;
+            for scope in self.scopes.iter().take(LISTED) {
+                writeln!(f, "  {}: {}", scope.name, grew((scope.before, scope.now)))?;
             }
         }
         let c = &self.cache;

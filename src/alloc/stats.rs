@@ -180,6 +180,13 @@ pub struct MemoryStats {
     pub num_oom_rejections: u64,
     /// The configured `max_split_size` in bytes, -1 when unlimited (PyTorch's int64 value).
     pub max_split_size: i64,
+    /// Bytes of live allocations per memory scope (`alloc::Tag`), by the scope's name: the
+    /// block sizes of the allocations made inside it (the innermost scope's, when scopes nest)
+    /// and not yet freed. A scope stays listed once it allocated (its peak matters).
+    /// `to_map` names them `scope.<name>.allocated_bytes.{current,peak,allocated,freed}`.
+    /// Not a PyTorch statistic.
+    #[serde(default)]
+    pub scopes: BTreeMap<String, Stat>,
 }
 
 impl MemoryStats {
@@ -219,6 +226,7 @@ impl MemoryStats {
         for single in &SINGLES {
             f((single.get_mut)(self));
         }
+        self.scopes.values_mut().for_each(&f);
     }
 
     /// Sets every peak to its current value.
@@ -248,6 +256,9 @@ impl MemoryStats {
             map.insert(counter.key.into(), signed(*(counter.get)(self)));
         }
         map.insert("max_split_size".into(), self.max_split_size);
+        for (name, stat) in &self.scopes {
+            stat.insert_into(&mut map, &format!("scope.{name}.allocated_bytes"));
+        }
         map
     }
 }

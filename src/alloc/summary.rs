@@ -71,6 +71,15 @@ impl fmt::Display for Summary<'_> {
         for single in &SINGLES {
             row(f, single.label, (single.get)(stats), Unit::Count)?;
         }
+        if !stats.scopes.is_empty() {
+            rule(f, '-')?;
+            writeln!(f, "| {:<81}|", "Allocated memory by scope")?;
+            for (name, stat) in &stats.scopes {
+                // A long name is cut so that the table keeps its width.
+                let label: String = format!("  {name}").chars().take(25).collect();
+                row(f, &label, stat, Unit::Bytes)?;
+            }
+        }
         rule(f, '=')
     }
 }

@@ -127,17 +127,21 @@
 //! CubeCL had cached: an upper bound of the live tensors' peak (exact under
 //! `BURN_CACHING_ALLOC_TRACE`, which hands slices back before every reservation).
 
+mod components;
 mod configure;
 mod device;
 #[cfg(feature = "train")]
 mod metric;
 mod report;
+mod scope;
 mod stats;
 
 #[cfg(feature = "train")]
 pub use metric::{CachingMemoryMetric, MemoryMetrics, MemoryQuantity};
 pub use report::{memory_point, memory_report};
+pub use scope::{MemoryScope, Phase, annotate, memory_scope};
 
+pub use components::{ComponentBytes, Components, OptimizerStep};
 pub use configure::{ConfigureError, configure};
 pub use device::CachingDevice;
 pub use stats::CachingMemoryStats;
@@ -219,7 +223,9 @@ pub fn open<Dev: CachingDevice>(device: &Dev) -> Result<(), crate::runtime::Driv
 
 /// Statistics of `device` (PyTorch's `torch.cuda.memory_stats`, plus CubeCL's layer).
 pub fn memory_stats<Dev: CachingDevice>(device: &Dev) -> CachingMemoryStats {
-    stats_of(settled(device))
+    let mut stats = stats_of(settled(device));
+    stats.components = ComponentBytes::of(&stats.engine, components::tracked_parameters(device));
+    stats
 }
 
 fn stats_of<M: crate::device::DeviceMemory>(settled: Settled<M>) -> CachingMemoryStats {
@@ -232,6 +238,7 @@ fn stats_of<M: crate::device::DeviceMemory>(settled: Settled<M>) -> CachingMemor
         cubecl: settled.cubecl,
         device,
         host: settled.entry.host.as_ref().map(|host| host.stats()),
+        components: None,
     }
 }
 

@@ -30,6 +30,10 @@ pub struct CachingMemoryStats {
     /// The pinned host pool that stages uploads and reads (PyTorch's
     /// `torch.cuda.host_memory_stats()`), on a backend that has one (CUDA); `None` on wgpu.
     pub host: Option<PinnedHostStats>,
+    /// Live bytes by component of a training loop (parameters, gradients, optimizer state,
+    /// activations, other), when a [`Components`](super::Components) helper tracked a module
+    /// or opened a scope on this device; `None` otherwise.
+    pub components: Option<super::ComponentBytes>,
 }
 
 impl CachingMemoryStats {
@@ -78,12 +82,19 @@ impl CachingMemoryStats {
     }
 
     /// Every number by name: PyTorch's names (`allocated_bytes.all.current`, ...), then
-    /// `cubecl.*` (CubeCL's layer before the hand-back), `device.*`, the layer totals, and on
+    /// `scope.<name>.allocated_bytes.*` per memory scope, `component_bytes.*` when components
+    /// are tracked, `cubecl.*` (CubeCL's layer before the hand-back), `device.*`, the layer
+    /// totals, and on
     /// CUDA the pinned host pool's `host_*` keys ([`PinnedHostStats::insert_into`]).
     pub fn to_map(&self) -> BTreeMap<String, i64> {
         let mut map = self.engine.to_map();
         if let Some(host) = &self.host {
             host.insert_into(&mut map);
+        }
+        if let Some(components) = &self.components {
+            for (key, value) in components.entries() {
+                map.insert(key.to_string(), crate::alloc::signed(value));
+            }
         }
         let c = &self.cubecl;
         for (key, value) in [

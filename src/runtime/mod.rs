@@ -29,7 +29,7 @@
 //! device opened on the caller's thread, so that the reason it cannot open reaches the
 //! caller), `pinned_host` (the numbers of a driver's pinned host pool), `registry` (where the
 //! user API finds a device's allocator, and the configurations given in code for devices not
-//! yet open).
+//! yet open), `scopes` (the memory scopes of each CubeCL stream, which tag its reservations).
 
 mod storage;
 mod stream_memory;
@@ -48,6 +48,8 @@ pub(crate) mod open;
 mod pinned_host;
 #[cfg(feature = "runtime")]
 pub(crate) mod registry;
+#[cfg(feature = "runtime")]
+pub(crate) mod scopes;
 #[cfg(feature = "runtime")]
 pub(crate) mod server;
 

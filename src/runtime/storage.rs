@@ -28,7 +28,7 @@ use cubecl_runtime::memory_management::{
 use cubecl_runtime::server::IoError;
 use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
 
-use crate::alloc::{AllocError, Allocation, CachingAllocator};
+use crate::alloc::{AllocError, Allocation, CachingAllocator, Tag};
 use crate::device::{DeviceError, DeviceMemory, DeviceStream};
 
 /// Where a kernel finds a slice: the segment's device handle, and a byte range in it.
@@ -127,6 +127,15 @@ impl<D: DeviceMemory> EngineStorage<D> {
     /// Number of engine blocks this storage holds (CubeCL's slices, live or free).
     pub fn blocks(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// Counts the block of slice `id` under memory scope `tag` (`None`: no scope).
+    pub fn retag(&self, id: StorageId, tag: Option<Tag>) {
+        if let Some((block, _)) = self.blocks.get(&id)
+            && let Err(err) = self.allocator.retag(block, tag)
+        {
+            log::warn!("EngineStorage: engine refused to retag a block: {err}");
+        }
     }
 
     /// Bytes CubeCL asked for across the blocks held (before the engine's 512-byte rounding).

@@ -46,7 +46,17 @@ for key, kind in [("PYTORCH_CUDA_ALLOC_CONF", str), ("max_split_size", int),
     check(isinstance(settings.get(key), kind), f"allocator_settings[{key!r}] is a {kind.__name__}")
 check(sorted(settings["roundup_power2_divisions"], key=int) == [str(1 << i) for i in range(16)],
       "roundup_power2_divisions buckets 1..32768 MiB")
-check(snap["external_annotations"] == [], "external_annotations is a list")
+# Phases: PyTorch's record_function annotations (`_memory_snapshot_pickled` in
+# torch/csrc/cuda/memory_snapshot.cpp: the annotation's metadata, then device and time_us).
+annotations = snap["external_annotations"]
+check(isinstance(annotations, list), "external_annotations is a list")
+for i, a in enumerate(annotations):
+    check(sorted(a) == ["device", "name", "stage", "time_us"], f"annotation {i}: keys {list(a)}")
+    check(a["stage"] in ("START", "END") and isinstance(a["name"], str), f"annotation {i}: stage, name")
+    check(a["device"] == expected["device"], f"annotation {i}: device")
+    check(isinstance(a["time_us"], int) and a["time_us"] > 1_600_000_000_000_000, f"annotation {i}: time_us")
+marks = [[a["name"], a["stage"]] for a in annotations]
+check(marks == expected.get("annotations", []), f"annotations {marks}")
 
 SEGMENT_KEYS = ["device", "address", "total_size", "allocated_size", "active_size",
                 "requested_size", "stream", "segment_type", "segment_pool_id", "is_expandable",
@@ -134,6 +144,13 @@ for i, e in enumerate(trace):
         check(isinstance(e["addr"], int), f"entry {i}: addr")
     if "frames" in e:
         check_frames(e["frames"], f"entry {i}")
+# Scopes: each alloc entry's user_metadata (torch.cuda.memory._set_memory_metadata's string).
+if "user_metadata" in expected:
+    tagged = {}
+    for e in trace:
+        if e["action"] == "alloc" and e["user_metadata"]:
+            tagged[e["user_metadata"]] = tagged.get(e["user_metadata"], 0) + 1
+    check(tagged == expected["user_metadata"], f"alloc entries per user_metadata {tagged}")
 counts = {a: sum(1 for e in trace if e["action"] == a) for a in ACTIONS}
 for action, least in expected["at_least"].items():
     check(counts[action] >= least, f"{counts[action]} {action} entries, expected at least {least}")

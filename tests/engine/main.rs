@@ -25,6 +25,7 @@ mod parity;
 mod props;
 mod props_expandable;
 mod rounding;
+mod scopes;
 mod settings;
 mod snapshot_pickle;
 mod stats;

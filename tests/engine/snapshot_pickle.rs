@@ -63,12 +63,12 @@ pub fn inspect_workload(
     kept
 }
 
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("torch-snapshot-{}-{name}", std::process::id()))
 }
 
 /// Runs the checker on `snapshot`; `Ok(false)` when python3 is missing outside CI.
-fn python_check(snapshot: &Path, expected: serde_json::Value) -> bool {
+pub(crate) fn python_check(snapshot: &Path, expected: serde_json::Value) -> bool {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     if Command::new(&python).arg("--version").output().is_err() {
         assert!(
@@ -98,7 +98,7 @@ fn python_check(snapshot: &Path, expected: serde_json::Value) -> bool {
     true
 }
 
-fn expected(
+pub(crate) fn expected(
     alloc: &CachingAllocator<SimDevice>,
     at_least: serde_json::Value,
     stacks: bool,

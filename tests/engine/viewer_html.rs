@@ -14,7 +14,7 @@ use crate::snapshot_pickle::inspect_workload;
 
 /// The browser's rendered DOM of `page`, or `None` (with the reason printed) when there is no
 /// browser outside CI.
-fn rendered_dom(page: &std::path::Path) -> Option<String> {
+pub(crate) fn rendered_dom(page: &std::path::Path) -> Option<String> {
     let browser = std::env::var("CHROMIUM").unwrap_or_else(|_| "chromium".into());
     if Command::new(&browser).arg("--version").output().is_err() {
         assert!(
@@ -54,7 +54,7 @@ fn rendered_dom(page: &std::path::Path) -> Option<String> {
 }
 
 /// The value of attribute `attr` on the first element whose opening tag contains `marker`.
-fn attribute(dom: &str, marker: &str, attr: &str) -> String {
+pub(crate) fn attribute(dom: &str, marker: &str, attr: &str) -> String {
     let at = dom
         .find(marker)
         .unwrap_or_else(|| panic!("no element with {marker}"));

@@ -3,9 +3,9 @@
 //! - `faults`: dropped stream memory and a poisoned engine at the runtime layer;
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
-//! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`,
+//! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`, `components_wgpu`,
 //!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`,
-//!   `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`, `soak_wgpu`,
+//!   `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`, `scopes_wgpu`, `soak_wgpu`,
 //!   `thread_rounds_wgpu`,
 //!   `trace_wgpu` (feature `wgpu`): Burn on
 //!   `CachingWgpu` (fused) and `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe
@@ -56,6 +56,8 @@ mod burn_oom_wgpu;
 #[cfg(feature = "wgpu")]
 mod caller_stacks_wgpu;
 #[cfg(feature = "wgpu")]
+mod components_wgpu;
+#[cfg(feature = "wgpu")]
 mod configure_wgpu;
 #[cfg(feature = "wgpu")]
 mod expandable_wgpu;
@@ -77,6 +79,8 @@ mod multi_device_wgpu;
 mod observe_twice_wgpu;
 #[cfg(feature = "wgpu")]
 mod oom_observers_wgpu;
+#[cfg(feature = "wgpu")]
+mod scopes_wgpu;
 #[cfg(feature = "wgpu")]
 mod soak_wgpu;
 #[cfg(feature = "wgpu")]

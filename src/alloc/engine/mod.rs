@@ -37,6 +37,7 @@ mod self_check;
 mod settings;
 mod sharing;
 mod snapshot;
+mod tags;
 mod uncached;
 
 use crate::alloc::block::{BlockId, BlockState, Blocks};
@@ -44,6 +45,7 @@ use crate::alloc::config::{AllocatorConfig, ConfigError};
 use crate::alloc::error::{AllocError, OomDiagnosis, OomNumbers};
 use crate::alloc::free_list::FreeList;
 use crate::alloc::history::{HistoryEntry, HistoryOptions, Recorder, Trace, TraceEvent};
+use crate::alloc::scope::Tag;
 use crate::alloc::size::{
     MIN_BLOCK_SIZE, PoolKind, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size,
 };
@@ -87,6 +89,8 @@ pub(crate) struct Engine<D: DeviceMemory> {
     max_segment: Option<u64>,
     /// Per stream, what sharing its cache with other streams needs (see `sharing`).
     streams: StreamTable<D::Event>,
+    /// The scope of the request being served (see `tags`).
+    request_tag: Option<Tag>,
 }
 
 /// A live block as the allocator hands it out.
@@ -169,6 +173,7 @@ impl<D: DeviceMemory> Engine<D> {
             next_allocation_id: 1,
             device_total: None,
             streams: StreamTable::default(),
+            request_tag: None,
         };
         // A configured fraction that cannot be enforced is not kept in force silently: without
         // the device's total it is dropped (and `config()` shows it gone); one that allows no
@@ -543,6 +548,7 @@ impl<D: DeviceMemory> Engine<D> {
         if size >= max_split {
             self.stats.oversize_allocations.decrease(1);
         }
+        self.untag(block);
         self.record(|| TraceEvent::FreeRequested { id });
         if self.uncached() {
             // Its segment goes back once the block's own stream is done with it too (see

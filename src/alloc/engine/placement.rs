@@ -179,6 +179,7 @@ impl<D: DeviceMemory> Engine<D> {
         if size >= max_split {
             stats.oversize_allocations.increase(1);
         }
+        self.tag(block);
         let (stream, address) = (self.blocks.stream(block), self.blocks.address(block));
         self.note_allocated(stream);
         self.record(|| TraceEvent::Malloc {
@@ -200,6 +201,7 @@ impl<D: DeviceMemory> Engine<D> {
         b.stream_uses.clear();
         b.requested = 0;
         b.allocation_id = 0;
+        b.tag = None;
         // Active and requested bytes drop when the free completes, not when it is asked for
         // (PyTorch's `free_block`): a free waiting on another stream still counts.
         self.stats.active.decrease(pool, 1);

@@ -70,6 +70,7 @@ impl<D: DeviceMemory> Engine<D> {
                             state: block.state,
                             allocation_id: (block.state == BlockState::ActiveAllocated)
                                 .then_some(block.allocation_id),
+                            scope: block.tag.as_ref().map(|tag| tag.name().to_owned()),
                             stack: (block.state != BlockState::Inactive)
                                 .then(|| history.and_then(|h| h.block_stack(block.allocation_id)))
                                 .flatten(),
@@ -88,6 +89,7 @@ impl<D: DeviceMemory> Engine<D> {
             config: self.config.clone(),
             trace: history.map(|h| h.to_trace()),
             history: self.history_entries(),
+            phases: history.map(|h| h.phases()).unwrap_or_default(),
         }
     }
 }

@@ -68,4 +68,42 @@ pub struct HistoryEntry {
     /// JSON; PyTorch-format snapshots carry it resolved).
     #[serde(skip)]
     pub stack: Option<Stack>,
+    /// Alloc: the memory scope the request was made in (`alloc::Tag`), "" for none: PyTorch's
+    /// `user_metadata` of a trace entry.
+    #[serde(default)]
+    pub user_metadata: String,
+}
+
+/// Whether a [`PhaseMark`] begins or ends its phase (PyTorch's `stage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum PhaseStage {
+    /// The phase begins (`"START"`).
+    Start,
+    /// The phase ends (`"END"`).
+    End,
+}
+
+impl PhaseStage {
+    /// PyTorch's name for the stage.
+    pub fn name(self) -> &'static str {
+        match self {
+            PhaseStage::Start => "START",
+            PhaseStage::End => "END",
+        }
+    }
+}
+
+/// One edge of a named phase of the program (`forward`, `backward`, ...), recorded while the
+/// history is on: an entry of the PyTorch snapshot's `external_annotations`, which its
+/// Active Memory Timeline draws as bands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PhaseMark {
+    /// The phase's name.
+    pub name: String,
+    /// Whether the phase begins or ends here.
+    pub stage: PhaseStage,
+    /// Microseconds since the Unix epoch (the clock of [`HistoryEntry::time_us`]).
+    pub time_us: u64,
 }

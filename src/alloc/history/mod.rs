@@ -24,7 +24,7 @@ mod recorder;
 mod snapshot;
 mod trace;
 
-pub use entry::{HistoryEntry, TraceAction};
+pub use entry::{HistoryEntry, PhaseMark, PhaseStage, TraceAction};
 pub use file::{MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceFileError};
 pub use options::{HistoryOptions, RecordMode, StackContext};
 pub(crate) use recorder::{Live, Recorder};

@@ -13,9 +13,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::entry::{HistoryEntry, TraceAction};
+use super::entry::{HistoryEntry, PhaseMark, PhaseStage, TraceAction};
 use super::options::{HistoryOptions, RecordMode, StackContext};
 use super::trace::{Trace, TraceEvent};
+use crate::alloc::scope::Tag;
 use crate::alloc::stack::Stack;
 
 /// The ring's element: the engine's event and its entry in PyTorch's terms, if it has one.
@@ -81,6 +82,9 @@ pub(crate) struct Recorder {
     live: HashMap<u64, LiveBlock>,
     segments: HashMap<u64, LiveSegment>,
     request_stack: Option<Stack>,
+    request_tag: Option<Tag>,
+    /// The phase marks, newest `max_entries` (PyTorch keeps its own ring for them).
+    phases: Ring<PhaseMark>,
 }
 
 impl Recorder {
@@ -96,6 +100,8 @@ impl Recorder {
             live: HashMap::new(),
             segments: HashMap::new(),
             request_stack: None,
+            request_tag: None,
+            phases: Ring::new(options.max_entries),
         };
         for item in live {
             match item {
@@ -140,6 +146,25 @@ impl Recorder {
         self.request_stack = stack;
     }
 
+    /// The scope of the request being served (set before it, cleared after it).
+    pub fn set_request_tag(&mut self, tag: Option<Tag>) {
+        self.request_tag = tag;
+    }
+
+    /// Records that phase `name` begins or ends now.
+    pub fn mark_phase(&mut self, name: &str, stage: PhaseStage) {
+        self.phases.push(PhaseMark {
+            name: name.to_owned(),
+            stage,
+            time_us: now_us(),
+        });
+    }
+
+    /// The phase marks, oldest first.
+    pub fn phases(&self) -> Vec<PhaseMark> {
+        self.phases.iter().cloned().collect()
+    }
+
     fn stack_if(&self, context: StackContext) -> Option<Stack> {
         (self.options.context >= context)
             .then(|| self.request_stack.clone())
@@ -158,6 +183,7 @@ impl Recorder {
             time_us,
             device_free: None,
             stack,
+            user_metadata: String::new(),
         };
         let converted = match event {
             TraceEvent::Malloc {
@@ -179,14 +205,13 @@ impl Recorder {
                     },
                 );
                 let stack = self.stack_if(StackContext::Alloc);
-                Some(entry(
-                    TraceAction::Alloc,
-                    address,
-                    size,
-                    block_size,
-                    stream,
-                    stack,
-                ))
+                Some(HistoryEntry {
+                    user_metadata: self
+                        .request_tag
+                        .as_ref()
+                        .map_or_else(String::new, |tag| tag.name().to_owned()),
+                    ..entry(TraceAction::Alloc, address, size, block_size, stream, stack)
+                })
             }
             TraceEvent::FreeRequested { id } => {
                 let stack = self.stack_if(StackContext::All);

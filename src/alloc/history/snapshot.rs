@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::entry::HistoryEntry;
+use super::entry::{HistoryEntry, PhaseMark};
 use super::trace::Trace;
 use crate::alloc::block::BlockState;
 use crate::alloc::config::AllocatorConfig;
@@ -24,6 +24,9 @@ pub struct BlockSnapshot {
     pub state: BlockState,
     /// The allocation id of an allocated block.
     pub allocation_id: Option<u64>,
+    /// The memory scope an allocated block was made in (`alloc::Tag`), if any.
+    #[serde(default)]
+    pub scope: Option<String>,
     /// Where an allocated or pending block was allocated, when stacks are recorded (not in
     /// the JSON; PyTorch-format snapshots carry it resolved).
     #[serde(skip)]
@@ -79,6 +82,10 @@ pub struct Snapshot {
     /// The same events in PyTorch's terms (timestamps, addresses, stacks), oldest first.
     #[serde(default)]
     pub history: Vec<HistoryEntry>,
+    /// The phases marked while the history was recorded, oldest first (PyTorch's
+    /// `external_annotations`).
+    #[serde(default)]
+    pub phases: Vec<PhaseMark>,
 }
 
 impl Snapshot {

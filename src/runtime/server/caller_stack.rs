@@ -21,6 +21,11 @@
 //! the front before the reservation runs, so a reservation that fails consumes its own entry.
 //! Threads each have their own stream id, hence their own FIFO.
 //!
+//! With the stack, the policy captures the caller's memory scope ([`CallerContext::scope`]:
+//! the scope of the stream id it was given, see `runtime::scopes`), so that the reservation is
+//! tagged with it. Entries are queued only while stacks are recorded or a scope is active
+//! somewhere; otherwise the policy costs two relaxed atomic loads.
+//!
 //! The one call where the policy and the reservation are not the same server's is
 //! `ComputeClient::to_client` without server communication (`change_client_sync`, which Burn
 //! does not call: Burn moves tensors with `to_client_tensor`, which applies no policy): it
@@ -39,16 +44,26 @@ use cubecl_runtime::allocator::ContiguousMemoryLayoutPolicy;
 use cubecl_runtime::server::{Handle, MemoryLayout, MemoryLayoutDescriptor, MemoryLayoutPolicy};
 use parking_lot::Mutex;
 
-use crate::alloc::{CachingAllocator, Stack};
+use crate::alloc::{CachingAllocator, Stack, Tag};
 use crate::device::DeviceMemory;
+use crate::runtime::scopes;
 
 /// How many of the innermost frames above the capture are looked at to name the client call.
 const CALLER_FRAMES: usize = 8;
 
-/// One captured stack waiting for its reservation.
+/// What the policy captured on the caller's thread for one reservation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct CallerContext {
+    /// The caller's stack, while the engine records stacks.
+    pub(crate) stack: Option<Stack>,
+    /// The caller's memory scope, if one is active on its stream.
+    pub(crate) scope: Option<Tag>,
+}
+
+/// One captured context waiting for its reservation.
 struct Pending {
     size: u64,
-    stack: Stack,
+    context: CallerContext,
 }
 
 /// The stacks captured by the policy, per CubeCL stream id, oldest first.
@@ -62,17 +77,17 @@ pub(crate) struct CallerStacks {
 }
 
 impl CallerStacks {
-    fn push(&self, stream: StreamId, size: u64, stack: Stack) {
+    fn push(&self, stream: StreamId, size: u64, context: CallerContext) {
         self.queues
             .lock()
             .entry(stream)
             .or_default()
-            .push_back(Pending { size, stack });
+            .push_back(Pending { size, context });
         self.waiting.fetch_add(1, Ordering::Release);
     }
 
-    /// The stack captured for `stream`'s next reservation, if it is one of `size` bytes.
-    pub(crate) fn take(&self, stream: StreamId, size: u64) -> Option<Stack> {
+    /// What was captured for `stream`'s next reservation, if it is one of `size` bytes.
+    pub(crate) fn take(&self, stream: StreamId, size: u64) -> Option<CallerContext> {
         if self.waiting.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -86,7 +101,7 @@ impl CallerStacks {
             queues.remove(&stream);
         }
         self.waiting.fetch_sub(1, Ordering::Release);
-        Some(pending.stack)
+        Some(pending.context)
     }
 
     /// How many stacks wait for their reservation (all streams).
@@ -147,11 +162,17 @@ impl<M: DeviceMemory> MemoryLayoutPolicy for CallerStackPolicy<M> {
         descriptors: &[MemoryLayoutDescriptor],
     ) -> (Handle, Vec<MemoryLayout>) {
         let applied = self.layout.apply(stream_id, descriptors);
-        if self.allocator.records_stacks() {
-            let stack = Stack::capture();
-            if !self.stacks.reserves_elsewhere(&stack) {
-                self.stacks.push(stream_id, applied.0.size(), stack);
-            }
+        let stack = self.allocator.records_stacks().then(Stack::capture);
+        if stack
+            .as_ref()
+            .is_some_and(|stack| self.stacks.reserves_elsewhere(stack))
+        {
+            return applied;
+        }
+        let scope = scopes::current(stream_id);
+        if stack.is_some() || scope.is_some() {
+            let context = CallerContext { stack, scope };
+            self.stacks.push(stream_id, applied.0.size(), context);
         }
         applied
     }
@@ -162,11 +183,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stack_goes_to_its_streams_next_reservation_of_its_size_only() {
+    fn a_context_goes_to_its_streams_next_reservation_of_its_size_only() {
         let stacks = CallerStacks::default();
         let (a, b) = (StreamId { value: 1 }, StreamId { value: 2 });
-        let first = Stack::capture();
-        let second = Stack::capture();
+        let first = CallerContext {
+            stack: Some(Stack::capture()),
+            scope: None,
+        };
+        let second = CallerContext {
+            stack: None,
+            scope: Some(Tag::new("second")),
+        };
         stacks.push(a, 1024, first.clone());
         stacks.push(a, 2048, second.clone());
         assert_eq!(stacks.take(b, 1024), None, "another stream's");

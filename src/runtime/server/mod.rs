@@ -74,7 +74,7 @@ use super::driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 use super::env::{oom_snapshot_path, sets_expandable_segments, startup_config};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
-use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, ObserverThread, Stack};
+use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, ObserverThread, Stack, Tag};
 use crate::device::DeviceMemory as _;
 use caller_stack::CallerStacks;
 use kernels::KernelCache;
@@ -262,6 +262,20 @@ impl<D: Driver> CachingServer<D> {
         stream.cursor
     }
 
+    /// Counts the block behind `memory`, just reserved on `stream`, under `scope`.
+    fn retag_reserved(
+        &mut self,
+        memory: ManagedMemoryHandle,
+        stream: StreamId,
+        scope: Option<Tag>,
+    ) {
+        let manager = self.streams.get(&mut self.driver, stream).memory.manager();
+        match manager.get_storage(memory.binding()) {
+            Ok(storage) => manager.storage().retag(storage.id, scope),
+            Err(err) => log::warn!("caching allocator: a reservation has no slice: {err}"),
+        }
+    }
+
     /// Resolves a binding through the manager of the stream that created it.
     fn resolve(
         &mut self,
@@ -410,10 +424,20 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
     fn initialize_memory(&mut self, memory: ManagedMemoryHandle, size: u64, stream_id: StreamId) {
         // The stack the policy captured on the caller's thread for this reservation (taken
         // even if the reservation fails, so the next one pairs with its own).
-        let caller = self.caller_stacks.take(stream_id, size);
-        let bound = Stack::serving(caller, || self.reserve_bound(memory, size, stream_id));
-        if let Err(err) = bound {
-            self.push_error(stream_id, err);
+        let caller = self.caller_stacks.take(stream_id, size).unwrap_or_default();
+        let retag = Tag::ever_used().then(|| memory.clone());
+        let bound = Tag::serving(caller.scope.clone(), || {
+            Stack::serving(caller.stack, || self.reserve_bound(memory, size, stream_id))
+        });
+        match bound {
+            Err(err) => self.push_error(stream_id, err),
+            // CubeCL may have handed the caller a slice another request left free: its block
+            // is counted under this request's scope from now on.
+            Ok(()) => {
+                if let Some(memory) = retag {
+                    self.retag_reserved(memory, stream_id, caller.scope);
+                }
+            }
         }
     }
 

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::torch_format::{pool_name, state_name};
 use crate::alloc::block::BlockState;
 use crate::alloc::history::Snapshot;
-use crate::alloc::history::{HistoryEntry, TraceAction};
+use crate::alloc::history::{HistoryEntry, PhaseStage, TraceAction};
 use crate::alloc::stack::{Stack, StackResolver};
 
 /// A cache above the engine (CubeCL's layer), shown with the engine's numbers.
@@ -78,6 +78,29 @@ fn timeline(snapshot: &Snapshot) -> Vec<[u64; 3]> {
     kept
 }
 
+/// The phases as `[name, start_us, end_us]`, each START paired with the next END of its name
+/// (a phase still open ends at the last history entry, or at its start when there is none).
+fn phases(snapshot: &Snapshot) -> Vec<Value> {
+    let last = snapshot.history.last().map(|e| e.time_us);
+    let mut open: Vec<(&str, u64)> = Vec::new();
+    let mut bands = Vec::new();
+    for mark in &snapshot.phases {
+        match mark.stage {
+            PhaseStage::Start => open.push((&mark.name, mark.time_us)),
+            PhaseStage::End => {
+                if let Some(i) = open.iter().rposition(|(name, _)| *name == mark.name) {
+                    let (name, start) = open.remove(i);
+                    bands.push(json!([name, start, mark.time_us]));
+                }
+            }
+        }
+    }
+    for (name, start) in open {
+        bands.push(json!([name, start, last.unwrap_or(start).max(start)]));
+    }
+    bands
+}
+
 /// Distinct stacks, each resolved once, referred to by index.
 struct Stacks {
     resolver: StackResolver,
@@ -131,6 +154,7 @@ fn data(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> Value {
                         "requested": b.requested_size,
                         "state": state_name(b.state),
                         "stack": stacks.id(b.stack.as_ref()),
+                        "scope": b.scope,
                     })
                 })
                 .collect();
@@ -247,6 +271,12 @@ fn data(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> Value {
         "entries_with_stacks": history_stack_count,
         "segments": segments,
         "stacks": stacks.list,
+        "scopes": stats
+            .scopes
+            .iter()
+            .map(|(name, stat)| json!([name, stat.current, stat.peak]))
+            .collect::<Vec<_>>(),
+        "phases": phases(snapshot),
     })
 }
 
@@ -267,6 +297,7 @@ pub(super) fn render(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -
          <title>{title}</title>\n<style>\n{style}</style>\n</head>\n<body>\n\
          <h1>{title}</h1>\n<pre id=\"errors\"></pre>\n\
          <section><h2>Summary</h2><table id=\"summary\"></table></section>\n\
+         <section><h2>Scopes</h2><table id=\"scopes\"></table></section>\n\
          <section><h2>Active memory timeline</h2><div id=\"timeline\"></div></section>\n\
          <section><h2>Segments</h2><p class=\"legend\" id=\"legend\"></p>\
          <div id=\"segments\"></div></section>\n\

@@ -1,6 +1,10 @@
 //! A [`Snapshot`] as the dict `torch.cuda.memory._snapshot()` returns: `segments` with every
 //! block, `device_traces` with the history, `allocator_settings` and `external_annotations`
 //! (the keys and their order are those of PyTorch's `memory_snapshot.cpp`; MEMORY_VIZ.md).
+//!
+//! Memory scopes travel as PyTorch's `torch.cuda.memory._set_memory_metadata` strings do: in
+//! the `user_metadata` of each `alloc` trace entry (PyTorch's blocks carry no metadata of
+//! their own); phases as `external_annotations`.
 
 use super::pickle::Py;
 use crate::alloc::block::BlockState;
@@ -56,7 +60,7 @@ fn entry(resolver: &mut StackResolver, e: &HistoryEntry) -> Py {
         ("stream".into(), Py::int(e.stream)),
         ("time_us".into(), Py::int(e.time_us)),
         ("compile_context".into(), Py::str("")),
-        ("user_metadata".into(), Py::str("")),
+        ("user_metadata".into(), Py::Str(e.user_metadata.clone())),
     ]);
     if e.stack.is_some() {
         items.push(("frames".into(), frames(resolver, e.stack.as_ref())));
@@ -108,6 +112,27 @@ fn allocator_settings(config: &AllocatorConfig) -> Py {
     ])
 }
 
+/// The phase marks as PyTorch's `external_annotations`: each a dict of the annotation's
+/// metadata (`name`, and `stage` `START` or `END`, as `record_function`'s memory-history
+/// callback records them), then `device` and `time_us` (`_memory_snapshot_pickled` in
+/// PyTorch's `torch/csrc/cuda/memory_snapshot.cpp`).
+fn external_annotations(snapshot: &Snapshot, device: u16) -> Py {
+    Py::List(
+        snapshot
+            .phases
+            .iter()
+            .map(|mark| {
+                Py::dict([
+                    ("name", Py::Str(mark.name.clone())),
+                    ("stage", Py::str(mark.stage.name())),
+                    ("device", Py::int(device)),
+                    ("time_us", Py::int(mark.time_us)),
+                ])
+            })
+            .collect(),
+    )
+}
+
 /// `snapshot` as PyTorch's snapshot dict for device index `device`, stacks resolved.
 pub(crate) fn torch_snapshot(snapshot: &Snapshot, device: u16) -> Py {
     let mut resolver = StackResolver::new();
@@ -156,6 +181,9 @@ pub(crate) fn torch_snapshot(snapshot: &Snapshot, device: u16) -> Py {
         ("segments", Py::List(segments)),
         ("device_traces", Py::List(traces)),
         ("allocator_settings", allocator_settings(&snapshot.config)),
-        ("external_annotations", Py::List(Vec::new())),
+        (
+            "external_annotations",
+            external_annotations(snapshot, device),
+        ),
     ])
 }

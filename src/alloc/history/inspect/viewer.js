@@ -59,6 +59,18 @@
   node('td', { text: data.entries + ' (' + data.dropped + ' dropped)' }, hist);
   node('td', { text: data.entries_with_stacks + ' with stacks' }, hist);
 
+  // Scopes: bytes of live allocations per memory scope, now and at the peak.
+  const scopes = document.getElementById('scopes');
+  if (data.scopes.length === 0) {
+    node('tr', {}, scopes).appendChild(node('td', { text: 'no memory scope allocated (backend::memory_scope)' }));
+  }
+  for (const [name, current, peak] of data.scopes) {
+    const tr = node('tr', { 'data-scope': name, 'data-bytes': current, 'data-peak': peak }, scopes);
+    node('th', { text: name }, tr);
+    node('td', { text: human(current) + ' now' }, tr);
+    node('td', { class: 'exact', text: 'peak ' + human(peak) }, tr);
+  }
+
   // Timeline: allocated and reserved after every history entry.
   const points = data.timeline;
   const W = 960, H = 260, L = 80, B = 24;
@@ -82,6 +94,19 @@
   data.layers.forEach(([name, bytes], i) => {
     node('line', { x1: W - 60, x2: W - 10, y1: y(bytes), y2: y(bytes), class: 'layer layer' + i, 'data-bytes': bytes }, tl, true);
     node('text', { x: W - 64, y: y(bytes) - 3 - 12 * i, class: 'tick', 'text-anchor': 'end', text: name + ' (now): ' + human(bytes) }, tl, true);
+  });
+  // Phases (annotations): a band from the first point at or after the start to the first at or
+  // after the end; bands of one name share a colour, overlapping ones stack their labels.
+  const at = (t) => {
+    const i = points.findIndex((p) => p[0] >= t);
+    return i < 0 ? points.length - 1 : i;
+  };
+  const phaseNames = [...new Set(data.phases.map((p) => p[0]))];
+  data.phases.forEach(([name, start, end], k) => {
+    const colour = phaseNames.indexOf(name) % 6;
+    const x1 = x(at(start)), x2 = Math.max(x(at(end)), x1 + 1);
+    node('rect', { x: x1, y: 10, width: x2 - x1, height: H - 10, class: 'phase phase' + colour, 'data-phase': name }, tl, true);
+    node('text', { x: x1 + 2, y: 20 + 11 * (k % 3), class: 'tick phase-label', text: name }, tl, true);
   });
   const cursor = node('line', { x1: 0, x2: 0, y1: 10, y2: H, class: 'cursor' }, tl, true);
   const readout = node('text', { x: L + 6, y: 22, class: 'readout', text: '' }, tl, true);
@@ -114,7 +139,8 @@
   function show(seg, block) {
     details.textContent =
       `block ${hex(block.address)} in segment ${hex(seg.address)} (${seg.pool} pool, stream ${seg.stream})\n` +
-      `state ${block.state}, size ${human(block.size)} (${block.size} bytes), requested ${human(block.requested)}\n\n` +
+      `state ${block.state}, size ${human(block.size)} (${block.size} bytes), requested ${human(block.requested)}\n` +
+      (block.scope ? `scope ${block.scope}\n` : '') + '\n' +
       (block.state === 'inactive' ? 'free block' : 'allocated at:\n' + stackText(block.stack)) +
       '\n\nsegment allocated at:\n' + stackText(seg.stack);
   }
@@ -126,7 +152,7 @@
     for (const b of seg.blocks) {
       const bx = SL + (b.address - seg.address) * scale;
       const w = Math.max(0.5, b.size * scale);
-      const r = node('rect', { x: bx, y: top + 2, width: w, height: ROW - 6, class: 'block ' + b.state, 'data-state': b.state, 'data-size': b.size, 'data-requested': b.requested }, map, true);
+      const r = node('rect', { x: bx, y: top + 2, width: w, height: ROW - 6, class: 'block ' + b.state, 'data-state': b.state, 'data-size': b.size, 'data-requested': b.requested, 'data-scope': b.scope || '' }, map, true);
       if (b.state !== 'inactive' && b.requested < b.size) {
         const rw = (b.size - b.requested) * scale;
         node('rect', { x: bx + w - rw, y: top + 2, width: rw, height: ROW - 6, class: 'rounding' }, map, true);
