@@ -35,6 +35,7 @@ mod engine;
 mod error;
 mod free_list;
 mod history;
+mod mem_pool;
 mod observers;
 mod report;
 mod size;
@@ -55,6 +56,7 @@ pub use history::{
     BlockSnapshot, HistoryEntry, HistoryOptions, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, RecordMode,
     SegmentSnapshot, Snapshot, StackContext, Trace, TraceAction, TraceEvent, TraceFileError,
 };
+pub use mem_pool::{MemPoolId, MemPoolOptions, MemPoolStats};
 pub use observers::{ObserverReport, ObserverThread, OomObserver};
 pub use report::{
     CacheState, HeldGroup, MemoryPoint, MemoryReport, OversizedRequest, Verdict, segment_rules,

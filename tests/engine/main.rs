@@ -21,6 +21,7 @@ mod no_caching;
 mod oom_rejection;
 mod oom_report;
 mod panics;
+mod pools;
 mod parity;
 mod props;
 mod props_expandable;
