@@ -194,6 +194,11 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         (level != 0).then(Stack::of_request)
     }
 
+    /// The number that tells this allocator from every other of the process.
+    pub(crate) fn allocator_id(&self) -> u64 {
+        self.id
+    }
+
     /// Whether allocations record a stack now (the history keeps stacks for blocks). One
     /// relaxed load: callers that capture a stack on another thread ask this first.
     pub fn records_stacks(&self) -> bool {
@@ -338,6 +343,15 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// [`AllocError::UnknownPool`] for a pool not live on this allocator.
     pub fn pool_stats(&self, pool: MemPoolId) -> Result<MemPoolStats, AllocError> {
         self.engine.lock().pool_stats(pool)
+    }
+
+    /// The options of private pool `pool`.
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::UnknownPool`] for a pool not live on this allocator.
+    pub fn pool_options(&self, pool: MemPoolId) -> Result<MemPoolOptions, AllocError> {
+        self.engine.lock().pool_options(pool)
     }
 
     /// The live private pools, by id, with their options.

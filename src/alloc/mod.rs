@@ -45,6 +45,7 @@ mod summary;
 pub(crate) mod units;
 
 pub use allocator::{Allocation, CachingAllocator};
+pub(crate) use engine::MissPath;
 pub use block::BlockState;
 pub use config::{
     AllocatorConfig, CONFIG_ENV, ConfigError, MAX_HISTORY_CAPACITY, PinnedHostConfig,

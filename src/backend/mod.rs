@@ -131,6 +131,7 @@ mod configure;
 mod device;
 #[cfg(feature = "train")]
 mod metric;
+mod pool;
 mod report;
 mod stats;
 
@@ -140,6 +141,7 @@ pub use report::{memory_point, memory_report};
 
 pub use configure::{ConfigureError, configure};
 pub use device::CachingDevice;
+pub use pool::{MemPool, MemPoolGuard, use_mem_pool};
 pub use stats::CachingMemoryStats;
 
 use std::path::{Path, PathBuf};

@@ -44,6 +44,8 @@ pub(crate) mod env;
 mod error;
 #[cfg(feature = "runtime")]
 pub(crate) mod open;
+
+pub(crate) mod pool_route;
 #[cfg(feature = "runtime")]
 mod pinned_host;
 #[cfg(feature = "runtime")]

@@ -13,7 +13,9 @@
 //! base handle, so one call is one reservation, with or without data, however many tensors.
 //!
 //! [`CallerStackPolicy`] therefore captures the caller's stack there (only while the engine
-//! records stacks: otherwise it costs one relaxed atomic load) and appends it, with the size,
+//! records stacks: otherwise it costs one relaxed atomic load) and appends it, with the size
+//! and the private pool the calling stream routes this device's reservations to (a
+//! [`CallerContext`]; `runtime::pool_route`, one more relaxed load while no route exists),
 //! to a FIFO per stream id in [`CallerStacks`]. The device thread runs one thread's queued calls
 //! in the order that thread queued them (`ChannelDeviceHandle`; the reentrant handle runs them
 //! inline, in order too), so the server's next `initialize_memory` of that stream is the call
@@ -39,16 +41,26 @@ use cubecl_runtime::allocator::ContiguousMemoryLayoutPolicy;
 use cubecl_runtime::server::{Handle, MemoryLayout, MemoryLayoutDescriptor, MemoryLayoutPolicy};
 use parking_lot::Mutex;
 
-use crate::alloc::{CachingAllocator, Stack};
+use crate::alloc::{CachingAllocator, MemPoolId, Stack};
+use crate::runtime::pool_route;
 use crate::device::DeviceMemory;
 
 /// How many of the innermost frames above the capture are looked at to name the client call.
 const CALLER_FRAMES: usize = 8;
 
-/// One captured stack waiting for its reservation.
+/// What the policy learnt on the caller's thread about one reservation: the caller's stack
+/// (while the engine records stacks) and the private pool the caller routes to (see
+/// `runtime::pool_route`).
+#[derive(Debug, Default)]
+pub(crate) struct CallerContext {
+    pub(crate) stack: Option<Stack>,
+    pub(crate) pool: Option<MemPoolId>,
+}
+
+/// One caller's context waiting for its reservation.
 struct Pending {
     size: u64,
-    stack: Stack,
+    context: CallerContext,
 }
 
 /// The stacks captured by the policy, per CubeCL stream id, oldest first.
@@ -62,17 +74,17 @@ pub(crate) struct CallerStacks {
 }
 
 impl CallerStacks {
-    fn push(&self, stream: StreamId, size: u64, stack: Stack) {
+    fn push(&self, stream: StreamId, size: u64, context: CallerContext) {
         self.queues
             .lock()
             .entry(stream)
             .or_default()
-            .push_back(Pending { size, stack });
+            .push_back(Pending { size, context });
         self.waiting.fetch_add(1, Ordering::Release);
     }
 
-    /// The stack captured for `stream`'s next reservation, if it is one of `size` bytes.
-    pub(crate) fn take(&self, stream: StreamId, size: u64) -> Option<Stack> {
+    /// The context captured for `stream`'s next reservation, if it is one of `size` bytes.
+    pub(crate) fn take(&self, stream: StreamId, size: u64) -> Option<CallerContext> {
         if self.waiting.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -86,7 +98,7 @@ impl CallerStacks {
             queues.remove(&stream);
         }
         self.waiting.fetch_sub(1, Ordering::Release);
-        Some(pending.stack)
+        Some(pending.context)
     }
 
     /// How many stacks wait for their reservation (all streams).
@@ -147,10 +159,17 @@ impl<M: DeviceMemory> MemoryLayoutPolicy for CallerStackPolicy<M> {
         descriptors: &[MemoryLayoutDescriptor],
     ) -> (Handle, Vec<MemoryLayout>) {
         let applied = self.layout.apply(stream_id, descriptors);
-        if self.allocator.records_stacks() {
+        let pool = pool_route::current(self.allocator.allocator_id(), stream_id);
+        let records = self.allocator.records_stacks();
+        if records || pool.is_some() {
+            // Captured for a pool too: it tells a reservation made on another server apart.
             let stack = Stack::capture();
             if !self.stacks.reserves_elsewhere(&stack) {
-                self.stacks.push(stream_id, applied.0.size(), stack);
+                let context = CallerContext {
+                    stack: records.then_some(stack),
+                    pool,
+                };
+                self.stacks.push(stream_id, applied.0.size(), context);
             }
         }
         applied
@@ -167,15 +186,24 @@ mod tests {
         let (a, b) = (StreamId { value: 1 }, StreamId { value: 2 });
         let first = Stack::capture();
         let second = Stack::capture();
-        stacks.push(a, 1024, first.clone());
-        stacks.push(a, 2048, second.clone());
-        assert_eq!(stacks.take(b, 1024), None, "another stream's");
+        let context = |stack: &Stack, pool| CallerContext {
+            stack: Some(stack.clone()),
+            pool,
+        };
+        stacks.push(a, 1024, context(&first, None));
+        stacks.push(a, 2048, context(&second, Some(MemPoolId(3))));
+        let take = |stream, size| {
+            stacks
+                .take(stream, size)
+                .map(|c: CallerContext| (c.stack, c.pool))
+        };
+        assert_eq!(take(b, 1024), None, "another stream's");
         // A reservation the policy recorded nothing for (a `to_client` copy) does not take
         // the next call's stack, and leaves it in place.
-        assert_eq!(stacks.take(a, 4096), None);
-        assert_eq!(stacks.take(a, 1024), Some(first));
-        assert_eq!(stacks.take(a, 2048), Some(second));
+        assert_eq!(take(a, 4096), None);
+        assert_eq!(take(a, 1024), Some((Some(first), None)));
+        assert_eq!(take(a, 2048), Some((Some(second), Some(MemPoolId(3)))));
         assert_eq!(stacks.waiting(), 0);
-        assert_eq!(stacks.take(a, 2048), None);
+        assert_eq!(take(a, 2048), None);
     }
 }
