@@ -4,8 +4,9 @@
 //! [`MemPool::new`] makes a pool in the device's allocator; [`use_mem_pool`] returns a guard
 //! under which the calling thread's new tensors on that device take their memory from the pool
 //! (other threads' and other devices' tensors do not). The guard drains the thread's fusion
-//! queue of the device when it starts and when it ends, so that what was queued before it is
-//! allocated outside and what was queued inside is allocated inside. Guards nest; the
+//! queue of the device and waits for the device's server when it starts and when it ends, so
+//! that what was queued before it is allocated outside and what was queued inside is allocated
+//! inside. Guards nest; the
 //! innermost one of a device wins.
 //!
 //! A tensor made inside keeps its pool's memory wherever it is used later; when it is dropped
@@ -131,7 +132,10 @@ pub struct MemPoolGuard<'a, Dev: CachingDevice> {
 /// guard lives; see [`MemPool`]. What the thread queued in the fusion queue before is run
 /// first (allocated outside); what it queues inside is run when the guard ends (inside).
 pub fn use_mem_pool<Dev: CachingDevice>(pool: &MemPool<Dev>) -> MemPoolGuard<'_, Dev> {
-    pool.device.drain_fusion_queue();
+    // Everything queued before has reserved its memory before the route exists: the policy
+    // hands the server a pool only for what it applied under the route, and the server pairs
+    // those in order (`caller_stack`).
+    opened(&pool.device);
     let route = PoolRoute::enter(pool.allocator.allocator_id(), pool.id);
     MemPoolGuard {
         pool,
@@ -148,7 +152,8 @@ impl<Dev: CachingDevice> MemPoolGuard<'_, Dev> {
 
 impl<Dev: CachingDevice> Drop for MemPoolGuard<'_, Dev> {
     fn drop(&mut self) {
-        self.pool.device.drain_fusion_queue();
+        // Everything queued inside has reserved its memory (in the pool) before the route goes.
+        opened(&self.pool.device);
         self.route.take();
     }
 }
