@@ -12,8 +12,8 @@ use super::engine::{Engine, MissPath};
 use super::error::{AllocError, InvariantViolation};
 use super::history::{HistoryOptions, Snapshot, StackContext, Trace};
 use super::inspect::{self, InspectError, ViewerLayer};
-use super::observers::{ObserverReport, ObserverThread, Observers, OomObserver};
 use super::mem_pool::{MemPoolId, MemPoolOptions, MemPoolStats};
+use super::observers::{ObserverReport, ObserverThread, Observers, OomObserver};
 use super::stack::Stack;
 use super::stats::MemoryStats;
 use super::summary::Summary;
@@ -369,9 +369,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         let engine = self.engine.lock();
         engine.pool_options(pool)?;
         let mut snapshot = engine.snapshot();
-        snapshot
-            .segments
-            .retain(|s| s.mem_pool == Some(pool.get()));
+        snapshot.segments.retain(|s| s.mem_pool == Some(pool.get()));
         Ok(snapshot)
     }
 

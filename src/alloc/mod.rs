@@ -45,12 +45,12 @@ mod summary;
 pub(crate) mod units;
 
 pub use allocator::{Allocation, CachingAllocator};
-pub(crate) use engine::MissPath;
 pub use block::BlockState;
 pub use config::{
     AllocatorConfig, CONFIG_ENV, ConfigError, MAX_HISTORY_CAPACITY, PinnedHostConfig,
     RoundupDivisions,
 };
+pub(crate) use engine::MissPath;
 pub use error::{AllocError, InvariantViolation, OomAdvice, OomDiagnosis};
 pub use history::inspect;
 pub use history::{

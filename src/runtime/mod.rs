@@ -45,9 +45,9 @@ mod error;
 #[cfg(feature = "runtime")]
 pub(crate) mod open;
 
-pub(crate) mod pool_route;
 #[cfg(feature = "runtime")]
 mod pinned_host;
+pub(crate) mod pool_route;
 #[cfg(feature = "runtime")]
 pub(crate) mod registry;
 #[cfg(feature = "runtime")]

@@ -81,7 +81,11 @@ mod tests {
         {
             let _inner = PoolRoute::enter(7, b);
             let _other = PoolRoute::enter(8, a);
-            assert_eq!(current(7, here), Some(b), "the innermost route of the allocator");
+            assert_eq!(
+                current(7, here),
+                Some(b),
+                "the innermost route of the allocator"
+            );
             assert_eq!(current(8, here), Some(a));
             let elsewhere = std::thread::spawn(StreamId::current).join().unwrap();
             assert_eq!(current(7, elsewhere), None, "another thread's stream");

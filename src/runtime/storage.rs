@@ -195,10 +195,9 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
             Growth::PoolOnly => None,
         };
         let result = match path {
-            Some(path) => {
-                self.allocator
-                    .malloc_in_with(self.mem_pool, request, self.stream, path)
-            }
+            Some(path) => self
+                .allocator
+                .malloc_in_with(self.mem_pool, request, self.stream, path),
             None => Ok(None),
         };
         match result {

@@ -307,8 +307,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
         // A reservation routed to a private pool walks first, so that CubeCL's exact-size reuse
         // has no free slice to hand it (any free slice may be another pool's block): it is an
         // engine `malloc` in the pool.
-        if self.policy == ReclaimPolicy::EveryReserve
-            || self.manager.storage().mem_pool().is_some()
+        if self.policy == ReclaimPolicy::EveryReserve || self.manager.storage().mem_pool().is_some()
         {
             self.counters.reclaims += 1;
             self.reclaim();

@@ -44,7 +44,11 @@ fn a_pool_takes_its_own_segment_and_never_the_allocators_cached_blocks() {
     // the allocator's own 2 MiB segment is wholly free.
     let a = alloc.malloc_in(pool, 1000, S0).unwrap();
     let b = alloc.malloc_in(pool, 4096, S0).unwrap();
-    assert_eq!(b.address(), a.address() + 1024, "split inside the pool's segment");
+    assert_eq!(
+        b.address(),
+        a.address() + 1024,
+        "split inside the pool's segment"
+    );
     let rest = 2 * MIB - 1024 - 4096;
     assert_eq!(
         pooled_layout(&alloc),
@@ -159,7 +163,10 @@ fn full_device_with_a_free_pool_segment(
         .unwrap();
     let p = alloc.malloc_in(pool, MIB, S0).unwrap();
     alloc.free(p).unwrap();
-    let live = vec![alloc.malloc(MIB, S0).unwrap(), alloc.malloc(MIB, S0).unwrap()];
+    let live = vec![
+        alloc.malloc(MIB, S0).unwrap(),
+        alloc.malloc(MIB, S0).unwrap(),
+    ];
     (alloc, device, live)
 }
 
@@ -173,10 +180,7 @@ fn use_on_oom_serves_a_request_from_the_pools_free_block_before_raising() {
     assert_eq!((stats.num_alloc_retries, stats.num_ooms), (1, 0));
     assert_eq!(
         pooled_layout(&alloc),
-        vec![
-            (1, vec![(MIB, A), (MIB, F)]),
-            (0, vec![(MIB, A), (MIB, A)]),
-        ],
+        vec![(1, vec![(MIB, A), (MIB, F)]), (0, vec![(MIB, A), (MIB, A)]),],
         "the block is the pool's, split by its rules"
     );
     alloc.free(c).unwrap();
@@ -222,7 +226,11 @@ fn empty_cache_leaves_pools_and_a_pools_empty_cache_returns_its_free_segments() 
     alloc.free(gone).unwrap();
     alloc.free(outside).unwrap();
 
-    assert_eq!(alloc.empty_cache().unwrap(), 20 * MIB, "the allocator's own segment only");
+    assert_eq!(
+        alloc.empty_cache().unwrap(),
+        20 * MIB,
+        "the allocator's own segment only"
+    );
     assert_eq!(
         pooled_layout(&alloc),
         vec![
@@ -252,18 +260,28 @@ fn a_released_pool_returns_its_memory_when_its_last_block_is_freed() {
     assert!(alloc.pools().is_empty());
     let err = alloc.malloc_in(pool, 1000, S0).unwrap_err();
     assert_eq!(err, AllocError::UnknownPool { id: 1 });
-    assert_eq!(alloc.pool_stats(pool).unwrap_err(), AllocError::UnknownPool { id: 1 });
+    assert_eq!(
+        alloc.pool_stats(pool).unwrap_err(),
+        AllocError::UnknownPool { id: 1 }
+    );
     check_invariants(&alloc, &device);
 
     alloc.free(a).unwrap();
     assert_eq!(pooled_layout(&alloc).len(), 1, "b still holds the segment");
     let frees = device.counters().frees;
     alloc.free(b).unwrap();
-    assert_eq!(device.counters().frees, frees + 1, "its last block took the segment back");
+    assert_eq!(
+        device.counters().frees,
+        frees + 1,
+        "its last block took the segment back"
+    );
     assert!(pooled_layout(&alloc).is_empty());
     assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
     // Releasing twice is an error, not a panic.
-    assert_eq!(alloc.release_pool(pool).unwrap_err(), AllocError::UnknownPool { id: 1 });
+    assert_eq!(
+        alloc.release_pool(pool).unwrap_err(),
+        AllocError::UnknownPool { id: 1 }
+    );
     check_invariants(&alloc, &device);
 }
 
@@ -300,26 +318,42 @@ fn a_pending_free_in_a_pool_waits_for_its_stream() {
     let a = alloc.malloc_in(pool, 1000, S0).unwrap();
     alloc.record_stream(&a, S1).unwrap();
     alloc.free(a).unwrap();
-    assert_eq!(pooled_layout(&alloc), vec![(1, vec![(1024, P), (2 * MIB - 1024, F)])]);
+    assert_eq!(
+        pooled_layout(&alloc),
+        vec![(1, vec![(1024, P), (2 * MIB - 1024, F)])]
+    );
     assert_eq!(alloc.pool_stats(pool).unwrap().active_bytes, 1024);
     device.complete_events(S1);
     let _b = alloc.malloc_in(pool, 1000, S0).unwrap();
-    assert_eq!(pooled_layout(&alloc), vec![(1, vec![(1024, A), (2 * MIB - 1024, F)])]);
+    assert_eq!(
+        pooled_layout(&alloc),
+        vec![(1, vec![(1024, A), (2 * MIB - 1024, F)])]
+    );
     check_invariants(&alloc, &device);
 }
 
 #[derive(Clone, Debug)]
 enum Op {
     /// A request in pool `0` (the allocator's own), 1 (plain), 2 (no_split) or 3 (use_on_oom).
-    Malloc { pool: usize, size: u64 },
-    Free { index: usize },
+    Malloc {
+        pool: usize,
+        size: u64,
+    },
+    Free {
+        index: usize,
+    },
     EmptyCache,
-    PoolEmptyCache { pool: usize },
-    Release { pool: usize },
+    PoolEmptyCache {
+        pool: usize,
+    },
+    Release {
+        pool: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let size = prop_oneof![4 => 1u64..=MIB, 3 => (MIB + 1)..=(12 * MIB), 1 => (12 * MIB)..=(40 * MIB)];
+    let size =
+        prop_oneof![4 => 1u64..=MIB, 3 => (MIB + 1)..=(12 * MIB), 1 => (12 * MIB)..=(40 * MIB)];
     prop_oneof![
         10 => (0usize..4, size).prop_map(|(pool, size)| Op::Malloc { pool, size }),
         8 => any::<usize>().prop_map(|index| Op::Free { index }),

@@ -63,10 +63,10 @@ mod expandable_wgpu;
 mod history_wgpu;
 #[cfg(feature = "wgpu")]
 mod launches_wgpu;
-#[cfg(all(feature = "wgpu", feature = "train"))]
-mod memory_metric_wgpu;
 #[cfg(feature = "wgpu")]
 mod mem_pool_wgpu;
+#[cfg(all(feature = "wgpu", feature = "train"))]
+mod memory_metric_wgpu;
 #[cfg(feature = "wgpu")]
 mod memory_report_wgpu;
 #[cfg(all(feature = "wgpu", feature = "train"))]

@@ -202,7 +202,9 @@ fn varlen_run(device: &burn::backend::wgpu::WgpuDevice, pooled: bool) -> Fragmen
     for step in 0..STEPS {
         // Lengths from a fixed set, out of order (a varlen batch sampler).
         let len = [96, 320, 160, 384, 64, 256, 224, 128][(step * 5) % 8];
-        let x: Vec<f32> = (0..len * WIDTH).map(|i| ((i * 31) % 97) as f32 / 97.0).collect();
+        let x: Vec<f32> = (0..len * WIDTH)
+            .map(|i| ((i * 31) % 97) as f32 / 97.0)
+            .collect();
         let x = Tensor::<B, 2>::from_data(TensorData::new(x, [len, WIDTH]), device);
         let loss = model.forward(x).powf_scalar(2.0).mean();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -210,7 +212,9 @@ fn varlen_run(device: &burn::backend::wgpu::WgpuDevice, pooled: bool) -> Fragmen
         cached_max = cached_max.max(default_pool(device).0);
     }
     let (cached_end, segments_end) = default_pool(device);
-    let parameters_in_pool = pool.as_ref().map_or(0, |p| p.memory_stats().allocated_bytes);
+    let parameters_in_pool = pool
+        .as_ref()
+        .map_or(0, |p| p.memory_stats().allocated_bytes);
     let reserved_peak = backend::memory_stats(device).max_memory_reserved();
     drop((model, optim, pool));
     backend::empty_cache(device);
@@ -235,7 +239,10 @@ fn a_parameter_pool_beside_a_varlen_training_loop() {
     let biases = LAYERS as u64 * (block(HIDDEN) + block(WIDTH));
     assert_eq!(with.parameters_in_pool, weights + biases);
     assert_eq!(without.parameters_in_pool, 0);
-    for (name, run) in [("without a pool", &without), ("with a parameter pool", &with)] {
+    for (name, run) in [
+        ("without a pool", &without),
+        ("with a parameter pool", &with),
+    ] {
         println!(
             "{name}: default pool cached (reserved - allocated) max {} end {}, {} segments at \
              the end; device reserved peak {}",

@@ -45,8 +45,8 @@ use crate::alloc::block::{BlockId, BlockState, Blocks};
 use crate::alloc::config::{AllocatorConfig, ConfigError};
 use crate::alloc::error::{AllocError, OomDiagnosis, OomNumbers};
 use crate::alloc::free_list::FreeList;
-use crate::alloc::mem_pool::MemPoolId;
 use crate::alloc::history::{HistoryEntry, HistoryOptions, Recorder, Trace, TraceEvent};
+use crate::alloc::mem_pool::MemPoolId;
 use crate::alloc::size::{
     MIN_BLOCK_SIZE, PoolKind, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size,
 };

@@ -122,7 +122,8 @@ impl<D: DeviceMemory> Engine<D> {
         b.gc_base = self.large_searches;
         let size = b.size();
         let mem = self.blocks.mem_pool(block);
-        self.pool_list_mut(mem, pool).insert(stream, size, address, block);
+        self.pool_list_mut(mem, pool)
+            .insert(stream, size, address, block);
     }
 
     fn should_split(&self, block: BlockId, rounded: u64) -> bool {

@@ -104,7 +104,11 @@ impl<D: DeviceMemory> Engine<D> {
         }
     }
 
-    pub(super) fn pool_list_mut(&mut self, mem: Option<MemPoolId>, kind: PoolKind) -> &mut FreeList {
+    pub(super) fn pool_list_mut(
+        &mut self,
+        mem: Option<MemPoolId>,
+        kind: PoolKind,
+    ) -> &mut FreeList {
         match mem {
             None => self.free_list(kind),
             Some(id) => self.private.get_mut(&id).expect(OUTLIVES).list_mut(kind),

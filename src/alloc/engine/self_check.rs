@@ -115,7 +115,9 @@ impl<D: DeviceMemory> Engine<D> {
                 .iter()
                 .filter(|(_, b)| b.state == BlockState::Inactive && b.is_mapped())
                 .filter(|(_, b)| {
-                    self.blocks.get_segment(b.segment()).map(|s| (s.pool, s.mem_pool))
+                    self.blocks
+                        .get_segment(b.segment())
+                        .map(|s| (s.pool, s.mem_pool))
                         == Some((pool, mem))
                 })
                 .count();
@@ -213,7 +215,9 @@ impl<D: DeviceMemory> Engine<D> {
             return Err(format!("segment {id} of no_split {mem} is split"));
         }
         if released && !first.is_split() && first.state == BlockState::Inactive {
-            return Err(format!("segment {id} of released {mem} is wholly free but kept"));
+            return Err(format!(
+                "segment {id} of released {mem} is wholly free but kept"
+            ));
         }
         Ok(())
     }

@@ -42,8 +42,8 @@ use cubecl_runtime::server::{Handle, MemoryLayout, MemoryLayoutDescriptor, Memor
 use parking_lot::Mutex;
 
 use crate::alloc::{CachingAllocator, MemPoolId, Stack};
-use crate::runtime::pool_route;
 use crate::device::DeviceMemory;
+use crate::runtime::pool_route;
 
 /// How many of the innermost frames above the capture are looked at to name the client call.
 const CALLER_FRAMES: usize = 8;

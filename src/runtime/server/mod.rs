@@ -431,9 +431,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
             live
         });
         self.route_to_pool(stream_id, pool);
-        let bound = Stack::serving(caller.stack, || {
-            self.reserve_bound(memory, size, stream_id)
-        });
+        let bound = Stack::serving(caller.stack, || self.reserve_bound(memory, size, stream_id));
         self.route_to_pool(stream_id, None);
         if let Err(err) = bound {
             self.push_error(stream_id, err);
