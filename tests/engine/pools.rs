@@ -448,3 +448,26 @@ proptest! {
         check_invariants(&alloc, &device);
     }
 }
+
+#[test]
+fn under_expandable_segments_a_pool_takes_ordinary_segments() {
+    // The pool's requests get segments of their own, never pages of the allocator's
+    // expandable range (which its own requests share).
+    let (alloc, device) = allocator(256 * MIB, "expandable_segments:True");
+    let pool = alloc.create_pool(PLAIN).unwrap();
+    let outside = alloc.malloc(3 * MIB, S0).unwrap();
+    let inside = alloc.malloc_in(pool, 3 * MIB, S0).unwrap();
+    let kinds: Vec<(Option<u64>, bool)> = alloc
+        .snapshot()
+        .segments
+        .iter()
+        .map(|s| (s.mem_pool, s.is_expandable))
+        .collect();
+    assert!(kinds.contains(&(None, true)), "{kinds:?}");
+    assert!(kinds.contains(&(Some(1), false)), "{kinds:?}");
+    assert_eq!(alloc.pool_stats(pool).unwrap().reserved_bytes, 20 * MIB);
+    alloc.free(inside).unwrap();
+    alloc.free(outside).unwrap();
+    assert_eq!(alloc.pool_empty_cache(pool).unwrap(), 20 * MIB);
+    check_invariants(&alloc, &device);
+}
