@@ -15,10 +15,10 @@
 //! [`MemPool`] releases the pool: its cached segments go back to the device, each other one
 //! when its last tensor is dropped.
 //!
-//! One limit comes from CubeCL 0.10's layer above the allocator: a dropped tensor's slice
-//! stays in CubeCL's exact-size cache until the stream's next reclaim walk, and a request
-//! *outside* the pool of exactly that size may take it there. Requests *inside* a pool never
-//! take a slice from that cache (each walks first), so a pool's requests stay in the pool.
+//! CubeCL 0.10's layer above the allocator keeps a dropped tensor's slice for the next tensor
+//! of exactly its size until the stream's next reclaim walk. Requests inside a pool never take
+//! a slice from there (each walks first); a request outside that CubeCL hands a pool's slice
+//! gives it back, walks and asks the engine (`StreamMemory`), so pools stay apart both ways.
 
 use std::sync::Arc;
 

@@ -69,6 +69,9 @@ pub struct EngineStorage<D: DeviceMemory> {
     growth: Growth,
     /// The private pool the next blocks come from (`None`: the allocator's own pools).
     mem_pool: Option<MemPoolId>,
+    /// The blocks of private pools, by slice: what CubeCL's exact-size reuse must not hand to
+    /// a request outside their pool (see `StreamMemory`).
+    pooled: HashMap<StorageId, MemPoolId>,
     refused: bool,
     last_error: Option<AllocError>,
     held_bytes: u64,
@@ -95,6 +98,7 @@ impl<D: DeviceMemory> EngineStorage<D> {
             blocks: HashMap::new(),
             growth: Growth::Allowed,
             mem_pool: None,
+            pooled: HashMap::new(),
             refused: false,
             last_error: None,
             held_bytes: 0,
@@ -124,6 +128,16 @@ impl<D: DeviceMemory> EngineStorage<D> {
     /// The private pool the next blocks come from.
     pub fn mem_pool(&self) -> Option<MemPoolId> {
         self.mem_pool
+    }
+
+    /// Whether this storage holds blocks of private pools.
+    pub fn holds_pool_blocks(&self) -> bool {
+        !self.pooled.is_empty()
+    }
+
+    /// The private pool of slice `id`'s block (`None`: the allocator's own, or not a block).
+    pub fn pool_of(&self, id: StorageId) -> Option<MemPoolId> {
+        self.pooled.get(&id).copied()
     }
 
     /// Whether an `alloc` was refused (in [`Growth::CacheOnly`] or [`Growth::PoolOnly`]) since
@@ -205,6 +219,9 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
                 let id = StorageId::new();
                 self.held_bytes += size;
                 self.blocks.insert(id, (block, size));
+                if let Some(pool) = self.mem_pool {
+                    self.pooled.insert(id, pool);
+                }
                 Ok(StorageHandle::new(
                     id,
                     StorageUtilization { offset: 0, size },
@@ -231,6 +248,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
     }
 
     fn dealloc(&mut self, id: StorageId) {
+        self.pooled.remove(&id);
         let Some((block, size)) = self.blocks.remove(&id) else {
             log::warn!("EngineStorage: dealloc of unknown {id} on {}", self.stream);
             return;
@@ -252,6 +270,7 @@ impl<D: DeviceMemory> Drop for EngineStorage<D> {
     fn drop(&mut self) {
         let mut refused = 0usize;
         let mut last = None;
+        self.pooled.clear();
         for (_, (block, _)) in self.blocks.drain() {
             if let Err(err) = self.allocator.free(block) {
                 refused += 1;

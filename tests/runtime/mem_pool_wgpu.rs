@@ -124,6 +124,36 @@ fn a_dropped_pool_returns_its_memory_with_its_last_tensor() {
     assert_eq!(backend::memory_reserved(&device), 0);
 }
 
+#[test]
+fn a_dropped_pool_tensors_slice_never_serves_a_tensor_outside() {
+    let Some((device, _turn)) = cpu_device() else {
+        return;
+    };
+    backend::empty_cache(&device);
+    let elements = 2 * MIB as usize;
+    let pool = MemPool::new(&device, MemPoolOptions::default()).expect("pool");
+    let inside = {
+        let _guard = use_mem_pool(&pool);
+        Tensor::<CachingWgpu, 1>::ones([elements], &device)
+    };
+    // Dropped, then a tensor of exactly its size outside, with no reading between: CubeCL's
+    // exact-size reuse holds the pool's free slice when the new tensor asks.
+    drop(inside);
+    let outside = Tensor::<CachingWgpu, 1>::ones([elements], &device);
+    assert_eq!(pool.memory_stats().allocated_bytes, 0);
+    let snapshot = backend::memory_snapshot(&device);
+    let outside_allocated: u64 = snapshot
+        .segments
+        .iter()
+        .filter(|s| s.mem_pool.is_none())
+        .map(|s| s.allocated_size)
+        .sum();
+    assert_eq!(outside_allocated, block(elements));
+    drop((outside, pool));
+    backend::empty_cache(&device);
+    assert_eq!(backend::memory_reserved(&device), 0);
+}
+
 const WIDTH: usize = 256;
 const HIDDEN: usize = 2048;
 const LAYERS: usize = 4;
