@@ -517,10 +517,11 @@ impl<D: DeviceMemory> StreamMemory<D> {
         self.refuse_unpaddable(size)?;
         self.manager.storage().set_growth(Growth::Allowed);
         let reserved = self.manager.reserve(size);
-        self.outside_other_pools(size, reserved).map_err(|io| ReserveError {
-            io,
-            engine: self.manager.storage().take_error(),
-        })
+        self.outside_other_pools(size, reserved)
+            .map_err(|io| ReserveError {
+                io,
+                engine: self.manager.storage().take_error(),
+            })
     }
 
     /// An unconditional reclaim because a reservation found nothing short of the engine's
