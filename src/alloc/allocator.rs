@@ -12,6 +12,7 @@ use super::engine::{Engine, MissPath};
 use super::error::{AllocError, InvariantViolation};
 use super::history::{HistoryOptions, PhaseStage, Snapshot, StackContext, Trace};
 use super::inspect::{self, InspectError, ViewerLayer};
+use super::mem_pool::{MemPoolId, MemPoolOptions, MemPoolStats};
 use super::observers::{ObserverReport, ObserverThread, Observers, OomObserver};
 use super::scope::Tag;
 use super::stack::Stack;
@@ -194,6 +195,11 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         (level != 0).then(Stack::of_request)
     }
 
+    /// The number that tells this allocator from every other of the process.
+    pub(crate) fn allocator_id(&self) -> u64 {
+        self.id
+    }
+
     /// Whether allocations record a stack now (the history keeps stacks for blocks). One
     /// relaxed load: callers that capture a stack on another thread ask this first.
     pub fn records_stacks(&self) -> bool {
@@ -222,12 +228,24 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         stream: DeviceStream,
         growth: MissPath,
     ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
+        self.malloc_in_with(None, size, stream, growth)
+    }
+
+    /// [`malloc_with`](Self::malloc_with) for private pool `mem` (`None`: the allocator's own
+    /// pools): what the runtime calls for a request routed to a pool.
+    pub(crate) fn malloc_in_with(
+        &self,
+        mem: Option<MemPoolId>,
+        size: u64,
+        stream: DeviceStream,
+        growth: MissPath,
+    ) -> Result<Option<Allocation<D::Handle>>, AllocError> {
         let stack = self.request_stack();
         let tag = Tag::of_request();
         let result = self.change("malloc").and_then(|mut engine| {
             engine.set_request_stack(stack);
             engine.set_request_tag(tag);
-            let block = engine.malloc(size, stream, growth);
+            let block = engine.malloc_in(mem, size, stream, growth);
             engine.set_request_stack(None);
             engine.set_request_tag(None);
             block.map(|b| b.map(|b| self.allocation(&engine, b)))
@@ -267,6 +285,96 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     ) -> Result<Allocation<D::Handle>, AllocError> {
         self.malloc_with(size, stream, MissPath::Allowed)
             .map(|block| block.expect("growth allowed always yields a block or an error"))
+    }
+
+    /// Allocates `size` bytes for `stream` from private pool `pool` (PyTorch's allocation
+    /// inside `torch.cuda.use_mem_pool(pool)`): a cached block of the pool, or a new segment
+    /// that belongs to it; see [`create_pool`](Self::create_pool).
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::UnknownPool`] for a pool not live on this allocator; otherwise as
+    /// [`malloc`](Self::malloc).
+    pub fn malloc_in(
+        &self,
+        pool: MemPoolId,
+        size: u64,
+        stream: DeviceStream,
+    ) -> Result<Allocation<D::Handle>, AllocError> {
+        self.malloc_in_with(Some(pool), size, stream, MissPath::Allowed)
+            .map(|block| block.expect("growth allowed always yields a block or an error"))
+    }
+
+    /// A new private pool (PyTorch's `torch.cuda.MemPool(use_on_oom=, no_split=)`): segments
+    /// of its own that only requests routed to it ([`malloc_in`](Self::malloc_in)) take, and,
+    /// with `use_on_oom`, other requests as a last resort before an out-of-memory. The
+    /// device-wide statistics count its memory; [`pool_stats`](Self::pool_stats) its own.
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::Poisoned`] after a panic inside the allocator.
+    pub fn create_pool(&self, options: MemPoolOptions) -> Result<MemPoolId, AllocError> {
+        Ok(self.change("create_pool")?.create_pool(options))
+    }
+
+    /// Lets private pool `pool` go (PyTorch's `releasePool`): nothing may be allocated in it
+    /// any more; its wholly free segments go back to the device now, each other one when its
+    /// last block is freed. Returns the bytes released now.
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::UnknownPool`] for a pool not live on this allocator; a device error
+    /// returning a segment.
+    pub fn release_pool(&self, pool: MemPoolId) -> Result<u64, AllocError> {
+        self.change("release_pool")?.release_pool(pool)
+    }
+
+    /// Returns the wholly free segments of private pool `pool` to the device (PyTorch's
+    /// `empty_cache` of a pool); the bytes released. [`empty_cache`](Self::empty_cache) leaves
+    /// private pools alone.
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::UnknownPool`] for a pool not live on this allocator; a device error.
+    pub fn pool_empty_cache(&self, pool: MemPoolId) -> Result<u64, AllocError> {
+        self.change("empty_cache")?.pool_empty_cache(pool)
+    }
+
+    /// What private pool `pool` holds now.
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::UnknownPool`] for a pool not live on this allocator.
+    pub fn pool_stats(&self, pool: MemPoolId) -> Result<MemPoolStats, AllocError> {
+        self.engine.lock().pool_stats(pool)
+    }
+
+    /// The options of private pool `pool`.
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::UnknownPool`] for a pool not live on this allocator.
+    pub fn pool_options(&self, pool: MemPoolId) -> Result<MemPoolOptions, AllocError> {
+        self.engine.lock().pool_options(pool)
+    }
+
+    /// The live private pools, by id, with their options.
+    pub fn pools(&self) -> Vec<(MemPoolId, MemPoolOptions)> {
+        self.engine.lock().pools()
+    }
+
+    /// The snapshot of private pool `pool`'s segments only (PyTorch's `MemPool.snapshot`);
+    /// statistics, configuration and history stay the allocator's.
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::UnknownPool`] for a pool not live on this allocator.
+    pub fn pool_snapshot(&self, pool: MemPoolId) -> Result<Snapshot, AllocError> {
+        let engine = self.engine.lock();
+        engine.pool_options(pool)?;
+        let mut snapshot = engine.snapshot();
+        snapshot.segments.retain(|s| s.mem_pool == Some(pool.get()));
+        Ok(snapshot)
     }
 
     /// Allocates from cached blocks only: `Ok(None)` where `malloc` would grow. A request

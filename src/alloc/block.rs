@@ -18,6 +18,7 @@ use std::ops::{Index, IndexMut};
 use serde::{Deserialize, Serialize};
 use slab::Slab;
 
+use super::mem_pool::MemPoolId;
 use super::scope::Tag;
 use super::size::PoolKind;
 use crate::device::DeviceStream;
@@ -183,6 +184,8 @@ pub(crate) struct NewSegment<H> {
     /// An expandable segment: a reserved range whose blocks may be unmapped; `size` is the
     /// whole range and only mapped bytes count as reserved.
     pub expandable: bool,
+    /// The private pool the segment belongs to (`None`: the allocator's own pools).
+    pub mem_pool: Option<MemPoolId>,
 }
 
 #[derive(Debug)]
@@ -195,6 +198,8 @@ pub(crate) struct Segment<H> {
     /// An expandable segment: a reserved range whose blocks may be unmapped; `size` is the
     /// whole range and only mapped bytes count as reserved.
     pub expandable: bool,
+    /// The private pool the segment belongs to (`None`: the allocator's own pools).
+    pub mem_pool: Option<MemPoolId>,
     /// The block at offset 0.
     first: BlockId,
 }
@@ -284,6 +289,11 @@ impl<H> Blocks<H> {
         self.segment_of(block).pool
     }
 
+    /// The private pool of the segment `block` lies in.
+    pub fn mem_pool(&self, block: BlockId) -> Option<MemPoolId> {
+        self.segment_of(block).mem_pool
+    }
+
     /// Hands the segment `block` lies in to `stream`.
     pub fn set_stream(&mut self, block: BlockId, stream: DeviceStream) {
         let segment = self[block].segment;
@@ -313,6 +323,7 @@ impl<H> Blocks<H> {
             pool,
             handle,
             expandable,
+            mem_pool,
         } = segment;
         let segment_id = SegmentId(self.segments.vacant_key());
         let first = BlockId(
@@ -326,6 +337,7 @@ impl<H> Blocks<H> {
             pool,
             handle,
             expandable,
+            mem_pool,
             first,
         });
         debug_assert_eq!(inserted, segment_id.0);

@@ -95,6 +95,13 @@ pub enum AllocError {
         /// The operation that panicked (`malloc`, `free`, `empty_cache`, ...).
         operation: &'static str,
     },
+    /// A request or a call named a private pool this allocator does not have (never created
+    /// here, or already released).
+    #[error("no private memory pool {id} on this allocator (never created here, or released)")]
+    UnknownPool {
+        /// The pool's number.
+        id: u64,
+    },
     /// The device failed in some other way.
     #[error(transparent)]
     Device(#[from] DeviceError),

@@ -35,6 +35,7 @@ mod engine;
 mod error;
 mod free_list;
 mod history;
+mod mem_pool;
 mod observers;
 mod report;
 mod scope;
@@ -50,6 +51,7 @@ pub use config::{
     AllocatorConfig, CONFIG_ENV, ConfigError, MAX_HISTORY_CAPACITY, PinnedHostConfig,
     RoundupDivisions,
 };
+pub(crate) use engine::MissPath;
 pub use error::{AllocError, InvariantViolation, OomAdvice, OomDiagnosis};
 pub use history::inspect;
 pub use history::{
@@ -57,6 +59,7 @@ pub use history::{
     PhaseStage, RecordMode, SegmentSnapshot, Snapshot, StackContext, Trace, TraceAction,
     TraceEvent, TraceFileError,
 };
+pub use mem_pool::{MemPoolId, MemPoolOptions, MemPoolStats};
 pub use observers::{ObserverReport, ObserverThread, OomObserver};
 pub use report::{
     CacheState, HeldGroup, MemoryPoint, MemoryReport, OversizedRequest, ScopeChange, Verdict,

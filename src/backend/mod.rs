@@ -132,6 +132,7 @@ mod configure;
 mod device;
 #[cfg(feature = "train")]
 mod metric;
+mod pool;
 mod report;
 mod scope;
 mod stats;
@@ -144,6 +145,7 @@ pub use scope::{MemoryScope, Phase, annotate, memory_scope};
 pub use components::{ComponentBytes, Components, OptimizerStep};
 pub use configure::{ConfigureError, configure};
 pub use device::CachingDevice;
+pub use pool::{MemPool, MemPoolGuard, use_mem_pool};
 pub use stats::CachingMemoryStats;
 
 use std::path::{Path, PathBuf};

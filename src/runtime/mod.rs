@@ -44,8 +44,10 @@ pub(crate) mod env;
 mod error;
 #[cfg(feature = "runtime")]
 pub(crate) mod open;
+
 #[cfg(feature = "runtime")]
 mod pinned_host;
+pub(crate) mod pool_route;
 #[cfg(feature = "runtime")]
 pub(crate) mod registry;
 #[cfg(feature = "runtime")]

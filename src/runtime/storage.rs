@@ -5,8 +5,8 @@
 //! `MemoryManagement` per stream, in persistent mode with no dynamic pools, and give it this
 //! storage: every slice it creates is one engine block.
 //!
-//! - `alloc(size)` is an engine `malloc` on the storage's stream, remembered under a fresh
-//!   `StorageId`;
+//! - `alloc(size)` is an engine `malloc` on the storage's stream (in the private pool the
+//!   server routes the reservation to, if any), remembered under a fresh `StorageId`;
 //! - `dealloc(id)` is an engine `free` of that block;
 //! - `get(handle)` is the block's segment handle plus the block's offset (plus the offset the
 //!   handle adds inside the slice).
@@ -28,7 +28,7 @@ use cubecl_runtime::memory_management::{
 use cubecl_runtime::server::IoError;
 use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
 
-use crate::alloc::{AllocError, Allocation, CachingAllocator, Tag};
+use crate::alloc::{AllocError, Allocation, CachingAllocator, MemPoolId, MissPath, Tag};
 use crate::device::{DeviceError, DeviceMemory, DeviceStream};
 
 /// Where a kernel finds a slice: the segment's device handle, and a byte range in it.
@@ -67,6 +67,11 @@ pub struct EngineStorage<D: DeviceMemory> {
     /// Each block, with the bytes CubeCL asked for it (0 for an empty tensor's block).
     blocks: HashMap<StorageId, (Allocation<D::Handle>, u64)>,
     growth: Growth,
+    /// The private pool the next blocks come from (`None`: the allocator's own pools).
+    mem_pool: Option<MemPoolId>,
+    /// The blocks of private pools, by slice: what CubeCL's exact-size reuse must not hand to
+    /// a request outside their pool (see `StreamMemory`).
+    pooled: HashMap<StorageId, MemPoolId>,
     refused: bool,
     last_error: Option<AllocError>,
     held_bytes: u64,
@@ -92,6 +97,8 @@ impl<D: DeviceMemory> EngineStorage<D> {
             alignment: alignment.max(1),
             blocks: HashMap::new(),
             growth: Growth::Allowed,
+            mem_pool: None,
+            pooled: HashMap::new(),
             refused: false,
             last_error: None,
             held_bytes: 0,
@@ -111,6 +118,26 @@ impl<D: DeviceMemory> EngineStorage<D> {
     /// Sets whether `alloc` may grow the engine.
     pub fn set_growth(&mut self, growth: Growth) {
         self.growth = growth;
+    }
+
+    /// Takes the next blocks from private pool `pool` (`None`: the allocator's own pools).
+    pub fn set_mem_pool(&mut self, pool: Option<MemPoolId>) {
+        self.mem_pool = pool;
+    }
+
+    /// The private pool the next blocks come from.
+    pub fn mem_pool(&self) -> Option<MemPoolId> {
+        self.mem_pool
+    }
+
+    /// Whether this storage holds blocks of private pools.
+    pub fn holds_pool_blocks(&self) -> bool {
+        !self.pooled.is_empty()
+    }
+
+    /// The private pool of slice `id`'s block (`None`: the allocator's own, or not a block).
+    pub fn pool_of(&self, id: StorageId) -> Option<MemPoolId> {
+        self.pooled.get(&id).copied()
     }
 
     /// Whether an `alloc` was refused (in [`Growth::CacheOnly`] or [`Growth::PoolOnly`]) since
@@ -184,17 +211,26 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
         // CubeCL creates zero-sized handles (empty tensors); they still need a distinct
         // binding, so they take the engine's smallest block.
         let request = size.max(1);
-        let result = match self.growth {
-            Growth::Allowed => self.allocator.malloc(request, self.stream).map(Some),
-            Growth::CacheOnly => self.allocator.malloc_cached(request, self.stream),
-            Growth::BeforeFlush => self.allocator.malloc_before_flush(request, self.stream),
-            Growth::PoolOnly => Ok(None),
+        let path = match self.growth {
+            Growth::Allowed => Some(MissPath::Allowed),
+            Growth::CacheOnly => Some(MissPath::CacheOnly),
+            Growth::BeforeFlush => Some(MissPath::BeforeFlush),
+            Growth::PoolOnly => None,
+        };
+        let result = match path {
+            Some(path) => self
+                .allocator
+                .malloc_in_with(self.mem_pool, request, self.stream, path),
+            None => Ok(None),
         };
         match result {
             Ok(Some(block)) => {
                 let id = StorageId::new();
                 self.held_bytes += size;
                 self.blocks.insert(id, (block, size));
+                if let Some(pool) = self.mem_pool {
+                    self.pooled.insert(id, pool);
+                }
                 Ok(StorageHandle::new(
                     id,
                     StorageUtilization { offset: 0, size },
@@ -221,6 +257,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
     }
 
     fn dealloc(&mut self, id: StorageId) {
+        self.pooled.remove(&id);
         let Some((block, size)) = self.blocks.remove(&id) else {
             log::warn!("EngineStorage: dealloc of unknown {id} on {}", self.stream);
             return;
@@ -242,6 +279,7 @@ impl<D: DeviceMemory> Drop for EngineStorage<D> {
     fn drop(&mut self) {
         let mut refused = 0usize;
         let mut last = None;
+        self.pooled.clear();
         for (_, (block, _)) in self.blocks.drain() {
             if let Err(err) = self.allocator.free(block) {
                 refused += 1;

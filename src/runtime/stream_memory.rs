@@ -304,7 +304,11 @@ impl<D: DeviceMemory> StreamMemory<D> {
     ) -> Result<Option<ManagedMemoryHandle>, ReserveError> {
         self.counters.reserves += 1;
         self.refuse_unpaddable(size)?;
-        if self.policy == ReclaimPolicy::EveryReserve {
+        // A reservation routed to a private pool walks first, so that CubeCL's exact-size reuse
+        // has no free slice to hand it (any free slice may be another pool's block): it is an
+        // engine `malloc` in the pool.
+        if self.policy == ReclaimPolicy::EveryReserve || self.manager.storage().mem_pool().is_some()
+        {
             self.counters.reclaims += 1;
             self.reclaim();
             return self.reserve_up_to_flush(size);
@@ -398,6 +402,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
     ) -> Result<ManagedMemoryHandle, Option<ReserveError>> {
         self.manager.storage().set_growth(growth);
         let reserved = self.manager.reserve(size);
+        let reserved = self.outside_other_pools(size, reserved);
         self.manager.storage().set_growth(Growth::Allowed);
         let refused = self.manager.storage().take_refused();
         match reserved {
@@ -408,6 +413,32 @@ impl<D: DeviceMemory> StreamMemory<D> {
                 Err(Some(ReserveError { io, engine }))
             }
         }
+    }
+
+    /// A slice CubeCL's exact-size reuse handed out from a private pool other than the one the
+    /// request is routed to (a pool tensor dropped since the last walk) is given back: a walk
+    /// returns it (and every free slice) to the engine, and the request is reserved again,
+    /// now from the engine. Only while this stream holds pool blocks (one check otherwise).
+    fn outside_other_pools(
+        &mut self,
+        size: u64,
+        reserved: Result<ManagedMemoryHandle, IoError>,
+    ) -> Result<ManagedMemoryHandle, IoError> {
+        let handle = reserved?;
+        if !self.manager.storage().holds_pool_blocks() {
+            return Ok(handle);
+        }
+        let Ok(slice) = self.manager.get_storage(handle.clone().binding()) else {
+            return Ok(handle);
+        };
+        let storage = self.manager.storage();
+        if storage.pool_of(slice.id) == storage.mem_pool() {
+            return Ok(handle);
+        }
+        drop(handle);
+        self.counters.reclaims += 1;
+        self.reclaim();
+        self.manager.reserve(size)
     }
 
     /// Whether this stream reserves `size` (padded to CubeCL's alignment, CubeCL's key) for
@@ -485,10 +516,12 @@ impl<D: DeviceMemory> StreamMemory<D> {
     pub fn reserve_last_resort(&mut self, size: u64) -> Result<ManagedMemoryHandle, ReserveError> {
         self.refuse_unpaddable(size)?;
         self.manager.storage().set_growth(Growth::Allowed);
-        self.manager.reserve(size).map_err(|io| ReserveError {
-            io,
-            engine: self.manager.storage().take_error(),
-        })
+        let reserved = self.manager.reserve(size);
+        self.outside_other_pools(size, reserved)
+            .map_err(|io| ReserveError {
+                io,
+                engine: self.manager.storage().take_error(),
+            })
     }
 
     /// An unconditional reclaim because a reservation found nothing short of the engine's

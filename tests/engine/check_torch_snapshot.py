@@ -78,12 +78,18 @@ check([s["address"] for s in segments] == sorted(s["address"] for s in segments)
       "segments in address order")
 total = {"reserved": 0, "allocated": 0, "active": 0, "requested": 0}
 free_external = free_internal = seg_allocated_all = 0
+pool_segments = {}
 for s in segments:
     where = f"segment {s['address']:#x}"
     check(list(s) == SEGMENT_KEYS, f"{where}: keys {list(s)}")
     check(s["device"] == expected["device"], f"{where}: device")
     check(s["segment_type"] in ("large", "small"), f"{where}: segment_type")
-    check(s["segment_pool_id"] == (0, 0), f"{where}: segment_pool_id is the tuple (0, 0)")
+    pool_id = s["segment_pool_id"]
+    check(isinstance(pool_id, tuple) and len(pool_id) == 2 and pool_id[0] == 0
+          and isinstance(pool_id[1], int) and pool_id[1] >= 0,
+          f"{where}: segment_pool_id is a tuple (0, n), as PyTorch's user pools: {pool_id}")
+    if pool_id[1]:
+        pool_segments[str(pool_id[1])] = pool_segments.get(str(pool_id[1]), 0) + 1
     check(s["is_expandable"] is expected.get("expandable", False), f"{where}: is_expandable")
     check_frames(s["frames"], where)
     cursor = s["address"]
@@ -124,6 +130,8 @@ check(free_external + free_internal + seg_allocated_all == total["reserved"],
       "overall free + allocated == reserved (_memory_viz.py stats)")
 for key in total:
     check(total[key] == expected[key], f"total {key}: snapshot {total[key]} != memory_stats {expected[key]}")
+check(pool_segments == expected.get("pool_segments", {}),
+      f"segments per private pool (segment_pool_id (0, n)): {pool_segments}")
 print(f"segments: {len(segments)} segments, {sum(len(s['blocks']) for s in segments)} blocks, totals equal memory_stats")
 
 # The history.

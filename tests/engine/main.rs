@@ -22,6 +22,7 @@ mod oom_rejection;
 mod oom_report;
 mod panics;
 mod parity;
+mod pools;
 mod props;
 mod props_expandable;
 mod rounding;

@@ -274,6 +274,30 @@ fn expandable_segments_snapshot_and_history_pass_the_checker() {
     }
 }
 
+/// Private pools (PyTorch's `MemPool`): each pool segment carries `segment_pool_id` (0, n) as
+/// PyTorch's user pools do, the allocator's own (0, 0); every MEMORY_VIZ rule still holds.
+#[test]
+fn private_pool_segments_carry_their_pool_id() {
+    use burn_caching_alloc::alloc::MemPoolOptions;
+    let (alloc, device) = allocator(256 * MIB, "");
+    alloc.record_memory_history(HistoryOptions::default());
+    let first = alloc.create_pool(MemPoolOptions::default()).expect("pool");
+    let second = alloc.create_pool(MemPoolOptions::default()).expect("pool");
+    let mut live = inspect_workload(&alloc, &device);
+    live.push(alloc.malloc_in(first, 1000, S0).expect("fits"));
+    live.push(alloc.malloc_in(first, 3 * MIB, S0).expect("fits"));
+    live.push(alloc.malloc_in(second, 5 * MIB, S0).expect("fits"));
+    let path = scratch("pools.pickle");
+    alloc.dump_snapshot(&path).expect("written");
+    let mut expected = expected(&alloc, serde_json::json!({ "alloc": 55 }), false);
+    expected["pool_segments"] = serde_json::json!({ "1": 2, "2": 1 });
+    python_check(&path, expected);
+    let _ = std::fs::remove_file(path);
+    for a in live {
+        alloc.free(a).expect("live");
+    }
+}
+
 /// Issue 33: `torch_snapshot_pickle(&snapshot, u32::MAX)` built four billion empty
 /// `device_traces` lists (one per device index up to the given one, as PyTorch's
 /// `_snapshot` lists one per device). The index is now CubeCL's `u16`: the largest one

@@ -5,7 +5,8 @@
 //!   the simulated device (no GPU, no feature);
 //! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`, `components_wgpu`,
 //!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`,
-//!   `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`, `scopes_wgpu`, `soak_wgpu`,
+//!   `mem_pool_wgpu`, `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`,
+//!   `scopes_wgpu`, `soak_wgpu`,
 //!   `thread_rounds_wgpu`,
 //!   `trace_wgpu` (feature `wgpu`): Burn on
 //!   `CachingWgpu` (fused) and `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe
@@ -65,6 +66,8 @@ mod expandable_wgpu;
 mod history_wgpu;
 #[cfg(feature = "wgpu")]
 mod launches_wgpu;
+#[cfg(feature = "wgpu")]
+mod mem_pool_wgpu;
 #[cfg(all(feature = "wgpu", feature = "train"))]
 mod memory_metric_wgpu;
 #[cfg(feature = "wgpu")]

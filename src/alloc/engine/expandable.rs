@@ -99,6 +99,7 @@ impl<D: DeviceMemory> Engine<D> {
             pool,
             handle: range.handle,
             expandable: true,
+            mem_pool: None,
         };
         let block = self.blocks.new_segment(segment, Backing::Unmapped);
         self.unmapped.insert((pool, stream.0, range.address), block);

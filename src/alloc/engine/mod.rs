@@ -3,7 +3,7 @@
 //! Its parts are child modules, each adding methods to [`Engine`]: placement (best fit,
 //! split, merge) in `placement`, borrowing the other pool's free memory in `borrowing`,
 //! expandable segments (pages mapped into a reserved range) in
-//! `expandable`, the release steps of the miss path and `empty_cache` in `release`,
+//! `expandable`, private pools (PyTorch's `MemPool`) in `pools`, the release steps of the miss path and `empty_cache` in `release`,
 //! cross-stream frees in `events`, other streams' cached segments in `sharing`, the mode
 //! that caches nothing (`no_cuda_memory_caching`) in `uncached`, the snapshot in `snapshot`, and the consistency check of
 //! blocks, pools and statistics in `self_check`. The public, thread-safe face is
@@ -23,7 +23,8 @@
 //! 5. if that fails, free cached oversize blocks and retry;
 //! 6. if that fails, synchronise pending events, free every unsplit cached segment and retry
 //!    (`num_alloc_retries` += 1);
-//! 7. if that fails, report out-of-memory (`num_ooms` += 1) with the numbers that explain it.
+//! 7. if that fails, take a cached block of a `use_on_oom` private pool (see `pools`), else
+//!    report out-of-memory (`num_ooms` += 1) with the numbers that explain it.
 //!
 //! A request that can never fit (beyond the device or its largest buffer) fails before step 3
 //! with `TooLarge`, counted as an out-of-memory as PyTorch counts it.
@@ -32,6 +33,7 @@ mod borrowing;
 mod events;
 mod expandable;
 mod placement;
+mod pools;
 mod release;
 mod self_check;
 mod settings;
@@ -45,6 +47,7 @@ use crate::alloc::config::{AllocatorConfig, ConfigError};
 use crate::alloc::error::{AllocError, OomDiagnosis, OomNumbers};
 use crate::alloc::free_list::FreeList;
 use crate::alloc::history::{HistoryEntry, HistoryOptions, Recorder, Trace, TraceEvent};
+use crate::alloc::mem_pool::MemPoolId;
 use crate::alloc::scope::Tag;
 use crate::alloc::size::{
     MIN_BLOCK_SIZE, PoolKind, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size,
@@ -91,6 +94,10 @@ pub(crate) struct Engine<D: DeviceMemory> {
     streams: StreamTable<D::Event>,
     /// The scope of the request being served (see `tags`).
     request_tag: Option<Tag>,
+    /// The private pools, by id (see `pools`).
+    private: std::collections::BTreeMap<MemPoolId, pools::PrivatePool>,
+    /// The last private pool id handed out.
+    next_pool: u64,
 }
 
 /// A live block as the allocator hands it out.
@@ -174,6 +181,8 @@ impl<D: DeviceMemory> Engine<D> {
             device_total: None,
             streams: StreamTable::default(),
             request_tag: None,
+            private: std::collections::BTreeMap::new(),
+            next_pool: 0,
         };
         // A configured fraction that cannot be enforced is not kept in force silently: without
         // the device's total it is dropped (and `config()` shows it gone); one that allows no
@@ -366,16 +375,23 @@ impl<D: DeviceMemory> Engine<D> {
                 .is_some_and(|(found, _)| found == rounded)
     }
 
-    /// Serves a request; `Ok(None)` only on a miss with [`MissPath::CacheOnly`], or with
-    /// [`MissPath::BeforeFlush`] where only the cache flush could help.
-    pub fn malloc(
+    /// Serves a request from private pool `mem` (see `pools`), or from the allocator's own
+    /// pools with `None`; `Ok(None)` only on a miss with [`MissPath::CacheOnly`], or with
+    /// [`MissPath::BeforeFlush`] where only the cache flush could help;
+    /// [`AllocError::UnknownPool`] for a pool that is not live. Under
+    /// `no_cuda_memory_caching` nothing is cached, so the pool is not used.
+    pub fn malloc_in(
         &mut self,
+        mem: Option<MemPoolId>,
         size: u64,
         stream: DeviceStream,
         growth: MissPath,
     ) -> Result<Option<BlockId>, AllocError> {
         if size == 0 {
             return Err(AllocError::ZeroSize);
+        }
+        if let Some(id) = mem {
+            self.pool_options(id)?;
         }
         self.process_events()?;
         if self.uncached() {
@@ -406,10 +422,10 @@ impl<D: DeviceMemory> Engine<D> {
             }
             new_segment = rounded;
         }
-        if pool == PoolKind::Large && self.gc_enabled() {
+        if pool == PoolKind::Large && mem.is_none() && self.gc_enabled() {
             self.large_searches += 1;
         }
-        if let Some(block) = self.take_free_block(pool, stream, rounded) {
+        if let Some(block) = self.take_free_block_in(mem, pool, stream, rounded) {
             return Ok(Some(self.allocate_block(block, rounded, size)));
         }
         if growth == MissPath::CacheOnly {
@@ -417,10 +433,18 @@ impl<D: DeviceMemory> Engine<D> {
         }
 
         let flush = growth == MissPath::Allowed;
-        match self.grow(new_segment, pool, stream, (size, rounded), flush) {
+        match self.grow(mem, new_segment, pool, stream, (size, rounded), flush) {
             Ok(Some(block)) => Ok(Some(self.allocate_block(block, rounded, size))),
             Ok(None) if !flush => Ok(None),
-            Ok(None) => Err(self.out_of_memory(size, stream)),
+            Ok(None) => {
+                // PyTorch's last resort (a request of a private pool just fails).
+                if mem.is_none()
+                    && let Some(block) = self.take_from_oom_pools(pool, stream, rounded)
+                {
+                    return Ok(Some(self.allocate_block(block, rounded, size)));
+                }
+                Err(self.out_of_memory(size, stream))
+            }
             Err(AllocError::TooLarge { max, .. }) => Err(self.too_large(size, max, stream)),
             Err(e) => Err(e),
         }
@@ -430,35 +454,44 @@ impl<D: DeviceMemory> Engine<D> {
     /// bytes for a request of `size` bytes (a block of `rounded`), freeing cache as needed;
     /// `None` when even that fails. With `throw_on_cudamalloc_oom`, a device allocation over
     /// the memory fraction's cap fails at once instead (see [`Engine::reject_over_cap`]).
+    /// A request of private pool `mem` skips the steps that serve the allocator's own pools
+    /// (borrowing, other streams' segments, garbage collection, oversize release) and takes an
+    /// ordinary segment of the pool (see `pools`).
     fn grow(
         &mut self,
+        mem: Option<MemPoolId>,
         new_segment: u64,
         pool: PoolKind,
         stream: DeviceStream,
         (size, rounded): (u64, u64),
         flush: bool,
     ) -> Result<Option<BlockId>, AllocError> {
-        if let Some(block) = self.borrow_from_other_pool(pool, stream, rounded) {
-            return Ok(Some(block));
-        }
-        if let Some(block) = self.take_from_other_stream(pool, stream, rounded)? {
-            return Ok(Some(block));
-        }
-        if let Some(block) = self.borrow_from_other_stream(pool, stream, rounded)? {
-            return Ok(Some(block));
-        }
-        if self.gc_enabled() {
-            self.collect_garbage()?;
+        if mem.is_none() {
+            if let Some(block) = self.borrow_from_other_pool(pool, stream, rounded) {
+                return Ok(Some(block));
+            }
+            if let Some(block) = self.take_from_other_stream(pool, stream, rounded)? {
+                return Ok(Some(block));
+            }
+            if let Some(block) = self.borrow_from_other_stream(pool, stream, rounded)? {
+                return Ok(Some(block));
+            }
+            if self.gc_enabled() {
+                self.collect_garbage()?;
+            }
         }
         self.reject_over_cap(size, new_segment, stream)?;
-        let mut block = self.new_memory(new_segment, pool, stream, rounded)?;
-        if block.is_none() && self.release_oversize_blocks(pool, stream, rounded)? {
-            block = self.new_memory(new_segment, pool, stream, rounded)?;
+        let mut block = self.new_memory(mem, new_segment, pool, stream, rounded)?;
+        if block.is_none()
+            && mem.is_none()
+            && self.release_oversize_blocks(pool, stream, rounded)?
+        {
+            block = self.new_memory(mem, new_segment, pool, stream, rounded)?;
         }
         if block.is_none() && flush {
             self.release_cached_blocks()?;
             self.stats.num_alloc_retries += 1;
-            block = self.new_memory(new_segment, pool, stream, rounded)?;
+            block = self.new_memory(mem, new_segment, pool, stream, rounded)?;
             self.rescued_by_flush += u64::from(block.is_some());
         }
         Ok(block)
@@ -470,13 +503,14 @@ impl<D: DeviceMemory> Engine<D> {
     /// `alloc_size` before it maps).
     fn new_memory(
         &mut self,
+        mem: Option<MemPoolId>,
         new_segment: u64,
         pool: PoolKind,
         stream: DeviceStream,
         rounded: u64,
     ) -> Result<Option<BlockId>, AllocError> {
-        if !self.expandable() {
-            return self.allocate_segment(new_segment, pool, stream);
+        if !self.expandable() || mem.is_some() {
+            return self.allocate_segment_in(mem, new_segment, pool, stream);
         }
         if let Some(limit) = self.fraction_limit()
             && self.stats.memory_reserved() + new_segment > limit

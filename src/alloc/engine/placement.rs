@@ -17,6 +17,7 @@
 use super::Engine;
 use crate::alloc::block::{Backing, BlockId, BlockState, End};
 use crate::alloc::history::TraceEvent;
+use crate::alloc::mem_pool::MemPoolId;
 use crate::alloc::size::{MIN_BLOCK_SIZE, PoolKind, SMALL_SIZE};
 use crate::device::{DeviceMemory, DeviceStream};
 
@@ -28,10 +29,22 @@ impl<D: DeviceMemory> Engine<D> {
         stream: DeviceStream,
         rounded: u64,
     ) -> Option<BlockId> {
+        self.find_free_block_in(None, pool, stream, rounded)
+    }
+
+    /// The best cached block of private pool `mem` (or of the allocator's own pools with
+    /// `None`) for a request, without taking it.
+    pub fn find_free_block_in(
+        &self,
+        mem: Option<MemPoolId>,
+        pool: PoolKind,
+        stream: DeviceStream,
+        rounded: u64,
+    ) -> Option<BlockId> {
         if self.uncached() {
             return None;
         }
-        let list = self.free_list_ref(pool);
+        let list = self.pool_list(mem, pool);
         let (mut block_size, mut block) = list.best_fit(stream, rounded)?;
         if self.expandable() {
             // PyTorch's `get_free_block`: a block that could grow into unmapped space counts
@@ -66,14 +79,16 @@ impl<D: DeviceMemory> Engine<D> {
             && block_size >= rounded.saturating_add(self.config.max_non_split_rounding))
     }
 
-    /// Takes the best cached block for a request out of its free list.
-    pub fn take_free_block(
+    /// Takes the best cached block of private pool `mem` (or of the allocator's own pools)
+    /// for a request out of its free list.
+    pub fn take_free_block_in(
         &mut self,
+        mem: Option<MemPoolId>,
         pool: PoolKind,
         stream: DeviceStream,
         rounded: u64,
     ) -> Option<BlockId> {
-        let block = self.find_free_block(pool, stream, rounded)?;
+        let block = self.find_free_block_in(mem, pool, stream, rounded)?;
         self.unlist(block);
         Some(block)
     }
@@ -86,7 +101,8 @@ impl<D: DeviceMemory> Engine<D> {
             self.blocks.address(block),
         );
         let size = self.blocks[block].size();
-        let removed = self.free_list(pool).remove(stream, size, address);
+        let mem = self.blocks.mem_pool(block);
+        let removed = self.pool_list_mut(mem, pool).remove(stream, size, address);
         debug_assert_eq!(
             removed,
             Some(block),
@@ -105,10 +121,16 @@ impl<D: DeviceMemory> Engine<D> {
         let b = &mut self.blocks[block];
         b.gc_base = self.large_searches;
         let size = b.size();
-        self.free_list(pool).insert(stream, size, address, block);
+        let mem = self.blocks.mem_pool(block);
+        self.pool_list_mut(mem, pool)
+            .insert(stream, size, address, block);
     }
 
     fn should_split(&self, block: BlockId, rounded: u64) -> bool {
+        // PyTorch's `should_split` first: a block of a `no_split` pool stays whole.
+        if self.never_split(block) {
+            return false;
+        }
         let remaining = self.blocks[block].size() - rounded;
         match self.blocks.pool(block) {
             PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
@@ -215,6 +237,7 @@ impl<D: DeviceMemory> Engine<D> {
         self.note_freed(block, stream);
         self.list(block);
         self.record(|| TraceEvent::FreeCompleted { id });
+        self.release_if_orphaned(block);
     }
 
     /// Merges into `block` its free neighbours backed as `backing`, taking each out of the

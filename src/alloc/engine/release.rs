@@ -7,6 +7,7 @@ use super::Engine;
 use crate::alloc::block::{Backing, BlockId, NewSegment};
 use crate::alloc::error::AllocError;
 use crate::alloc::history::TraceEvent;
+use crate::alloc::mem_pool::MemPoolId;
 use crate::alloc::size::PoolKind;
 use crate::device::{DeviceError, DeviceMemory, DeviceSegment, DeviceStream};
 
@@ -15,6 +16,17 @@ impl<D: DeviceMemory> Engine<D> {
     /// when the device is out of memory or the memory fraction would be exceeded.
     pub fn allocate_segment(
         &mut self,
+        size: u64,
+        pool: PoolKind,
+        stream: DeviceStream,
+    ) -> Result<Option<BlockId>, AllocError> {
+        self.allocate_segment_in(None, size, pool, stream)
+    }
+
+    /// [`Engine::allocate_segment`] for private pool `mem` (`None`: the allocator's own).
+    pub(super) fn allocate_segment_in(
+        &mut self,
+        mem: Option<MemPoolId>,
         size: u64,
         pool: PoolKind,
         stream: DeviceStream,
@@ -43,6 +55,7 @@ impl<D: DeviceMemory> Engine<D> {
             pool,
             handle: segment.handle,
             expandable: false,
+            mem_pool: mem,
         };
         let block = self.blocks.new_segment(segment, Backing::Mapped);
         self.stats.segment.increase(pool, 1);
@@ -149,12 +162,12 @@ impl<D: DeviceMemory> Engine<D> {
     pub fn release_at_drop(&mut self) -> (u64, Vec<AllocError>) {
         let mut failures = self.synchronize_what_can_be();
         self.release_fences();
-        let released = self
-            .release_free_segments(&mut |e| {
-                failures.push(e);
-                Ok(())
-            })
-            .unwrap_or_default();
+        let mut go_on = |e| {
+            failures.push(e);
+            Ok(())
+        };
+        let released = self.release_free_segments(&mut go_on).unwrap_or_default()
+            + self.release_all_pools(&mut go_on).unwrap_or_default();
         (released, failures)
     }
 

@@ -77,10 +77,9 @@ impl<D: DeviceMemory> Engine<D> {
     /// Each free list's own bookkeeping, and each entry against its block.
     fn check_free_lists(&self) -> Result<(), String> {
         let mut seen = BTreeSet::new();
-        for pool in [PoolKind::Small, PoolKind::Large] {
-            let list = self.free_list_ref(pool);
+        for (mem, pool, list) in self.all_lists() {
             list.check()
-                .map_err(|e| format!("{pool:?} free list: {e}"))?;
+                .map_err(|e| format!("{pool:?} free list of {mem:?}: {e}"))?;
             let mut entries = 0;
             for (stream, size, address, block) in list.entries() {
                 entries += 1;
@@ -96,10 +95,11 @@ impl<D: DeviceMemory> Engine<D> {
                 let Some(segment) = self.blocks.get_segment(b.segment()) else {
                     return Err(format!("block {block} of removed segment {}", b.segment()));
                 };
-                if segment.pool != pool {
+                if segment.pool != pool || segment.mem_pool != mem {
                     return Err(format!(
-                        "block {block} of a {:?} segment listed in the {pool:?} pool",
-                        segment.pool
+                        "block {block} of a {:?} segment of {:?} listed in the {pool:?} pool \
+                         of {mem:?}",
+                        segment.pool, segment.mem_pool
                     ));
                 }
                 let key = (segment.stream, b.size(), segment.address + b.offset());
@@ -114,11 +114,16 @@ impl<D: DeviceMemory> Engine<D> {
                 .blocks
                 .iter()
                 .filter(|(_, b)| b.state == BlockState::Inactive && b.is_mapped())
-                .filter(|(_, b)| self.blocks.get_segment(b.segment()).map(|s| s.pool) == Some(pool))
+                .filter(|(_, b)| {
+                    self.blocks
+                        .get_segment(b.segment())
+                        .map(|s| (s.pool, s.mem_pool))
+                        == Some((pool, mem))
+                })
                 .count();
             if free != entries {
                 return Err(format!(
-                    "{pool:?} pool: {free} free blocks but {entries} free-list entries"
+                    "{pool:?} pool of {mem:?}: {free} free blocks but {entries} free-list entries"
                 ));
             }
         }
@@ -181,6 +186,7 @@ impl<D: DeviceMemory> Engine<D> {
                     segment.size
                 ));
             }
+            self.check_pool_segment(id)?;
         }
         if segment_of.len() != self.blocks.len() {
             let orphans: Vec<BlockId> = self
@@ -192,6 +198,28 @@ impl<D: DeviceMemory> Engine<D> {
             return Err(format!("blocks no segment reaches: {orphans:?}"));
         }
         Ok(segment_of)
+    }
+
+    /// A segment of a private pool: the pool is known; a `no_split` pool's segment is one
+    /// block; a released pool holds no wholly free segment (it went back with its last block).
+    fn check_pool_segment(&self, id: SegmentId) -> Result<(), String> {
+        let segment = self.blocks.segment(id);
+        let Some(mem) = segment.mem_pool else {
+            return Ok(());
+        };
+        let (no_split, released) = self.pool_flags(mem).ok_or_else(|| {
+            format!("segment {id} belongs to {mem}, which the engine does not know")
+        })?;
+        let first = &self.blocks[segment.first()];
+        if no_split && first.is_split() {
+            return Err(format!("segment {id} of no_split {mem} is split"));
+        }
+        if released && !first.is_split() && first.state == BlockState::Inactive {
+            return Err(format!(
+                "segment {id} of released {mem} is wholly free but kept"
+            ));
+        }
+        Ok(())
     }
 
     /// Each block's fields against its state.

@@ -108,6 +108,7 @@ fn segment_snapshot<H>(segment: &Segment<H>, blocks: Vec<BlockSnapshot>) -> Segm
         stream: segment.stream.0,
         pool: segment.pool,
         is_expandable: segment.expandable,
+        mem_pool: segment.mem_pool.map(|id| id.get()),
         blocks,
         stack: None,
     }

@@ -57,6 +57,10 @@ pub struct SegmentSnapshot {
     /// expandable segment shows as one such segment per run.
     #[serde(default)]
     pub is_expandable: bool,
+    /// The private pool the segment belongs to, by number (PyTorch's `segment_pool_id`
+    /// `(0, number)`); `None` for the allocator's own pools (`(0, 0)`).
+    #[serde(default)]
+    pub mem_pool: Option<u64>,
     /// Where the request that allocated the segment came from, when stacks are recorded.
     #[serde(skip)]
     pub stack: Option<Stack>,

@@ -13,7 +13,9 @@
 //! base handle, so one call is one reservation, with or without data, however many tensors.
 //!
 //! [`CallerStackPolicy`] therefore captures the caller's stack there (only while the engine
-//! records stacks: otherwise it costs one relaxed atomic load) and appends it, with the size,
+//! records stacks: otherwise it costs one relaxed atomic load) and appends it, with the size
+//! and the private pool the calling stream routes this device's reservations to (a
+//! [`CallerContext`]; `runtime::pool_route`, one more relaxed load while no route exists),
 //! to a FIFO per stream id in [`CallerStacks`]. The device thread runs one thread's queued calls
 //! in the order that thread queued them (`ChannelDeviceHandle`; the reentrant handle runs them
 //! inline, in order too), so the server's next `initialize_memory` of that stream is the call
@@ -44,23 +46,27 @@ use cubecl_runtime::allocator::ContiguousMemoryLayoutPolicy;
 use cubecl_runtime::server::{Handle, MemoryLayout, MemoryLayoutDescriptor, MemoryLayoutPolicy};
 use parking_lot::Mutex;
 
-use crate::alloc::{CachingAllocator, Stack, Tag};
+use crate::alloc::{CachingAllocator, MemPoolId, Stack, Tag};
 use crate::device::DeviceMemory;
-use crate::runtime::scopes;
+use crate::runtime::{pool_route, scopes};
 
 /// How many of the innermost frames above the capture are looked at to name the client call.
 const CALLER_FRAMES: usize = 8;
 
-/// What the policy captured on the caller's thread for one reservation.
+/// What the policy learnt on the caller's thread about one reservation: the caller's stack
+/// (while the engine records stacks), its memory scope (see `runtime::scopes`) and the
+/// private pool it routes to (see `runtime::pool_route`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct CallerContext {
     /// The caller's stack, while the engine records stacks.
     pub(crate) stack: Option<Stack>,
     /// The caller's memory scope, if one is active on its stream.
     pub(crate) scope: Option<Tag>,
+    /// The private pool the caller's stream routes to, if any.
+    pub(crate) pool: Option<MemPoolId>,
 }
 
-/// One captured context waiting for its reservation.
+/// One caller's context waiting for its reservation.
 struct Pending {
     size: u64,
     context: CallerContext,
@@ -86,7 +92,7 @@ impl CallerStacks {
         self.waiting.fetch_add(1, Ordering::Release);
     }
 
-    /// What was captured for `stream`'s next reservation, if it is one of `size` bytes.
+    /// The context captured for `stream`'s next reservation, if it is one of `size` bytes.
     pub(crate) fn take(&self, stream: StreamId, size: u64) -> Option<CallerContext> {
         if self.waiting.load(Ordering::Acquire) == 0 {
             return None;
@@ -162,17 +168,21 @@ impl<M: DeviceMemory> MemoryLayoutPolicy for CallerStackPolicy<M> {
         descriptors: &[MemoryLayoutDescriptor],
     ) -> (Handle, Vec<MemoryLayout>) {
         let applied = self.layout.apply(stream_id, descriptors);
-        let stack = self.allocator.records_stacks().then(Stack::capture);
-        if stack
-            .as_ref()
-            .is_some_and(|stack| self.stacks.reserves_elsewhere(stack))
-        {
-            return applied;
-        }
+        let pool = pool_route::current(self.allocator.allocator_id(), stream_id);
         let scope = scopes::current(stream_id);
-        if stack.is_some() || scope.is_some() {
-            let context = CallerContext { stack, scope };
-            self.stacks.push(stream_id, applied.0.size(), context);
+        let records = self.allocator.records_stacks();
+        if records || pool.is_some() || scope.is_some() {
+            // Captured for a scope or a pool too: it tells a reservation made on another
+            // server apart, which must leave this server's queue in step.
+            let stack = Stack::capture();
+            if !self.stacks.reserves_elsewhere(&stack) {
+                let context = CallerContext {
+                    stack: records.then_some(stack),
+                    scope,
+                    pool,
+                };
+                self.stacks.push(stream_id, applied.0.size(), context);
+            }
         }
         applied
     }
@@ -186,23 +196,34 @@ mod tests {
     fn a_context_goes_to_its_streams_next_reservation_of_its_size_only() {
         let stacks = CallerStacks::default();
         let (a, b) = (StreamId { value: 1 }, StreamId { value: 2 });
-        let first = CallerContext {
-            stack: Some(Stack::capture()),
-            scope: None,
+        let first = Stack::capture();
+        let second = Stack::capture();
+        let context = |stack: &Stack, scope: Option<Tag>, pool| CallerContext {
+            stack: Some(stack.clone()),
+            scope,
+            pool,
         };
-        let second = CallerContext {
-            stack: None,
-            scope: Some(Tag::new("second")),
+        stacks.push(a, 1024, context(&first, None, None));
+        stacks.push(
+            a,
+            2048,
+            context(&second, Some(Tag::new("second")), Some(MemPoolId(3))),
+        );
+        let take = |stream, size| {
+            stacks
+                .take(stream, size)
+                .map(|c: CallerContext| (c.stack, c.scope.map(|t| t.name().to_string()), c.pool))
         };
-        stacks.push(a, 1024, first.clone());
-        stacks.push(a, 2048, second.clone());
-        assert_eq!(stacks.take(b, 1024), None, "another stream's");
+        assert_eq!(take(b, 1024), None, "another stream's");
         // A reservation the policy recorded nothing for (a `to_client` copy) does not take
         // the next call's stack, and leaves it in place.
-        assert_eq!(stacks.take(a, 4096), None);
-        assert_eq!(stacks.take(a, 1024), Some(first));
-        assert_eq!(stacks.take(a, 2048), Some(second));
+        assert_eq!(take(a, 4096), None);
+        assert_eq!(take(a, 1024), Some((Some(first), None, None)));
+        assert_eq!(
+            take(a, 2048),
+            Some((Some(second), Some("second".to_string()), Some(MemPoolId(3))))
+        );
         assert_eq!(stacks.waiting(), 0);
-        assert_eq!(stacks.take(a, 2048), None);
+        assert_eq!(take(a, 2048), None);
     }
 }

@@ -74,7 +74,9 @@ use super::driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 use super::env::{oom_snapshot_path, sets_expandable_segments, startup_config};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
-use crate::alloc::{AllocatorConfig, CachingAllocator, ConfigError, ObserverThread, Stack, Tag};
+use crate::alloc::{
+    AllocatorConfig, CachingAllocator, ConfigError, MemPoolId, ObserverThread, Stack, Tag,
+};
 use crate::device::DeviceMemory as _;
 use caller_stack::CallerStacks;
 use kernels::KernelCache;
@@ -276,6 +278,12 @@ impl<D: Driver> CachingServer<D> {
         }
     }
 
+    /// Sends `stream`'s next reservations to private pool `pool` (`None`: the allocator's own).
+    fn route_to_pool(&mut self, stream: StreamId, pool: Option<MemPoolId>) {
+        let memory = &mut self.streams.get(&mut self.driver, stream).memory;
+        memory.manager().storage().set_mem_pool(pool);
+    }
+
     /// Resolves a binding through the manager of the stream that created it.
     fn resolve(
         &mut self,
@@ -425,10 +433,23 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
         // The stack the policy captured on the caller's thread for this reservation (taken
         // even if the reservation fails, so the next one pairs with its own).
         let caller = self.caller_stacks.take(stream_id, size).unwrap_or_default();
+        // The caller's private pool, for this reservation only (see `backend::use_mem_pool`).
+        let pool = caller.pool.filter(|&pool| {
+            let live = self.allocator.pool_options(pool).is_ok();
+            if !live {
+                log::warn!(
+                    "caching allocator: a reservation of {size} bytes routed to {pool}, which \
+                     is released: it goes to the allocator's own pools"
+                );
+            }
+            live
+        });
         let retag = Tag::ever_used().then(|| memory.clone());
+        self.route_to_pool(stream_id, pool);
         let bound = Tag::serving(caller.scope.clone(), || {
             Stack::serving(caller.stack, || self.reserve_bound(memory, size, stream_id))
         });
+        self.route_to_pool(stream_id, None);
         match bound {
             Err(err) => self.push_error(stream_id, err),
             // CubeCL may have handed the caller a slice another request left free: its block

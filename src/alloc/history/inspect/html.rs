@@ -163,6 +163,7 @@ fn data(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> Value {
                 "size": s.total_size,
                 "stream": s.stream,
                 "pool": pool_name(s.pool),
+                "mem_pool": s.mem_pool,
                 "stack": stacks.id(s.stack.as_ref()),
                 "blocks": blocks,
             })

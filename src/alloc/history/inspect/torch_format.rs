@@ -162,7 +162,11 @@ pub(crate) fn torch_snapshot(snapshot: &Snapshot, device: u16) -> Py {
                 ("requested_size", Py::int(s.requested_size)),
                 ("stream", Py::int(s.stream)),
                 ("segment_type", Py::str(pool_name(s.pool))),
-                ("segment_pool_id", Py::Tuple(vec![Py::int(0), Py::int(0)])),
+                // PyTorch's user pools are (0, n); the allocator's own pools (0, 0).
+                (
+                    "segment_pool_id",
+                    Py::Tuple(vec![Py::int(0), Py::int(s.mem_pool.unwrap_or(0))]),
+                ),
                 ("is_expandable", Py::Bool(s.is_expandable)),
                 ("frames", frames(&mut resolver, s.stack.as_ref())),
                 ("blocks", Py::List(blocks)),

@@ -138,15 +138,19 @@
   }
   function show(seg, block) {
     details.textContent =
-      `block ${hex(block.address)} in segment ${hex(seg.address)} (${seg.pool} pool, stream ${seg.stream})\n` +
-      `state ${block.state}, size ${human(block.size)} (${block.size} bytes), requested ${human(block.requested)}\n` +
-      (block.scope ? `scope ${block.scope}\n` : '') + '\n' +
+      `block ${hex(block.address)} in segment ${hex(seg.address)} (${seg.pool} pool${seg.mem_pool ? `, private pool ${seg.mem_pool}` : ''}, stream ${seg.stream})
+` +
+      `state ${block.state}, size ${human(block.size)} (${block.size} bytes), requested ${human(block.requested)}
+` +
+      (block.scope ? `scope ${block.scope}
+` : '') + '
+' +
       (block.state === 'inactive' ? 'free block' : 'allocated at:\n' + stackText(block.stack)) +
       '\n\nsegment allocated at:\n' + stackText(seg.stack);
   }
   segs.forEach((seg, row) => {
     const top = row * ROW;
-    node('text', { x: 0, y: top + 15, class: 'seglabel', text: `${hex(seg.address)} ${human(seg.size)} ${seg.pool} s${seg.stream}` }, map, true);
+    node('text', { x: 0, y: top + 15, class: 'seglabel', text: `${hex(seg.address)} ${human(seg.size)} ${seg.pool}${seg.mem_pool ? ` p${seg.mem_pool}` : ''} s${seg.stream}` }, map, true);
     node('rect', { x: SL, y: top + 2, width: SW - SL - 4, height: ROW - 6, class: 'segment', 'data-address': seg.address }, map, true);
     const scale = (SW - SL - 4) / seg.size;
     for (const b of seg.blocks) {
