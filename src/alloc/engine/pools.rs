@@ -184,17 +184,21 @@ impl<D: DeviceMemory> Engine<D> {
 
     /// Returns every wholly free segment of pool `id` to the device; the bytes returned.
     fn release_pool_segments(&mut self, id: MemPoolId) -> Result<u64, AllocError> {
-        let pool = self.private.get(&id).expect(OUTLIVES);
-        let whole: Vec<BlockId> = [PoolKind::Large, PoolKind::Small]
-            .into_iter()
-            .flat_map(|kind| pool.list(kind).iter())
-            .filter(|&b| !self.blocks[b].is_split())
-            .collect();
         let mut released = 0;
-        for block in whole {
+        for block in self.whole_free_pool_segments(id) {
             released += self.release_segment(block)?;
         }
         Ok(released)
+    }
+
+    /// The free blocks of pool `id` that span their segment.
+    fn whole_free_pool_segments(&self, id: MemPoolId) -> Vec<BlockId> {
+        let pool = self.private.get(&id).expect(OUTLIVES);
+        [PoolKind::Large, PoolKind::Small]
+            .into_iter()
+            .flat_map(|kind| pool.list(kind).iter())
+            .filter(|&b| !self.blocks[b].is_split())
+            .collect()
     }
 
     /// After `block` became free and was listed: if its pool is released and the block spans
@@ -231,13 +235,7 @@ impl<D: DeviceMemory> Engine<D> {
         let ids: Vec<MemPoolId> = self.private.keys().copied().collect();
         let mut released = 0;
         for id in ids {
-            let pool = self.private.get(&id).expect(OUTLIVES);
-            let whole: Vec<BlockId> = [PoolKind::Large, PoolKind::Small]
-                .into_iter()
-                .flat_map(|kind| pool.list(kind).iter())
-                .filter(|&b| !self.blocks[b].is_split())
-                .collect();
-            for block in whole {
+            for block in self.whole_free_pool_segments(id) {
                 match self.release_segment(block) {
                     Ok(bytes) => released += bytes,
                     Err(e) => failed(e)?,

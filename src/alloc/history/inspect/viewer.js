@@ -138,13 +138,9 @@
   }
   function show(seg, block) {
     details.textContent =
-      `block ${hex(block.address)} in segment ${hex(seg.address)} (${seg.pool} pool${seg.mem_pool ? `, private pool ${seg.mem_pool}` : ''}, stream ${seg.stream})
-` +
-      `state ${block.state}, size ${human(block.size)} (${block.size} bytes), requested ${human(block.requested)}
-` +
-      (block.scope ? `scope ${block.scope}
-` : '') + '
-' +
+      `block ${hex(block.address)} in segment ${hex(seg.address)} (${seg.pool} pool${seg.mem_pool ? `, private pool ${seg.mem_pool}` : ''}, stream ${seg.stream})\n` +
+      `state ${block.state}, size ${human(block.size)} (${block.size} bytes), requested ${human(block.requested)}\n` +
+      (block.scope ? `scope ${block.scope}\n` : '') + '\n' +
       (block.state === 'inactive' ? 'free block' : 'allocated at:\n' + stackText(block.stack)) +
       '\n\nsegment allocated at:\n' + stackText(seg.stack);
   }
