@@ -196,6 +196,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     /// The number that tells this allocator from every other of the process.
+    #[cfg(feature = "runtime")]
     pub(crate) fn allocator_id(&self) -> u64 {
         self.id
     }

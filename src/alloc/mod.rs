@@ -65,6 +65,7 @@ pub use report::{
     CacheState, HeldGroup, MemoryPoint, MemoryReport, OversizedRequest, ScopeChange, Verdict,
     segment_rules,
 };
+#[cfg(feature = "runtime")]
 pub(crate) use scope::{ActiveCount, count_active};
 pub use scope::{ScopeGuard, Tag};
 pub use size::{PoolKind, SegmentSizing, round_size, segment_size};

@@ -47,6 +47,7 @@ pub(crate) mod open;
 
 #[cfg(feature = "runtime")]
 mod pinned_host;
+#[cfg(feature = "runtime")]
 pub(crate) mod pool_route;
 #[cfg(feature = "runtime")]
 pub(crate) mod registry;
