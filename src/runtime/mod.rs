@@ -55,6 +55,8 @@ pub(crate) mod registry;
 pub(crate) mod scopes;
 #[cfg(feature = "runtime")]
 pub(crate) mod server;
+#[cfg(feature = "runtime")]
+mod stream_routes;
 
 #[cfg(feature = "runtime")]
 pub use comm_path::{COMM_ENV, Communication, communication, set_communication};

@@ -2,69 +2,36 @@
 //! `torch.cuda.use_mem_pool`, which routes the calling thread's allocations only).
 //!
 //! A route is entered by the thread that makes the tensors ([`PoolRoute::enter`], behind
-//! `backend::use_mem_pool`) for its CubeCL stream (`StreamId::current()`, one per thread), and
-//! read where that stream's client calls run the server's layout policy (`caller_stack`: the
-//! pool travels with the reservation to the device thread). That is the caller's thread
-//! without fusion, and burn-fusion's device thread with it: fusion runs a stream's queued
-//! operations under that stream's id (`StreamId::executes`), which is why routes are kept by
-//! stream, not in a thread-local. Routes nest: the innermost one of a device and stream wins.
-//! Reading costs one relaxed atomic load while no route exists anywhere.
-
-use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
+//! `backend::use_mem_pool`) and kept by allocator and CubeCL stream in a
+//! [`StreamRoutes`](super::stream_routes::StreamRoutes) table (why by stream: see there); the
+//! pool travels with the reservation to the device thread (`caller_stack`). Routes nest: the
+//! innermost one of an allocator and stream wins.
 
 use cubecl_common::stream_id::StreamId;
-use parking_lot::Mutex;
 
+use super::stream_routes::{RouteGuard, StreamRoutes};
 use crate::alloc::MemPoolId;
 
-/// Routes entered and not yet left, on every stream.
-static ROUTES_ANYWHERE: AtomicUsize = AtomicUsize::new(0);
-
-/// Every route, innermost last: (allocator id, stream, pool).
-static ROUTES: Mutex<Vec<(u64, StreamId, MemPoolId)>> = Mutex::new(Vec::new());
+/// Every route, by (allocator id, stream).
+static ROUTES: StreamRoutes<(u64, StreamId), MemPoolId> = StreamRoutes::new();
 
 /// The pool that `stream`'s reservations through allocator `allocator` go to now.
 pub(crate) fn current(allocator: u64, stream: StreamId) -> Option<MemPoolId> {
-    if ROUTES_ANYWHERE.load(Ordering::Relaxed) == 0 {
-        return None;
-    }
-    ROUTES
-        .lock()
-        .iter()
-        .rev()
-        .find(|(a, s, _)| *a == allocator && *s == stream)
-        .map(|(_, _, pool)| *pool)
+    ROUTES.current(&(allocator, stream))
 }
 
 /// The calling thread's stream's reservations through one allocator go to one pool while
 /// this lives. Bound to its thread (not `Send`), as its stream is.
 pub(crate) struct PoolRoute {
-    route: (u64, StreamId, MemPoolId),
-    _thread: PhantomData<*const ()>,
+    _route: RouteGuard<(u64, StreamId), MemPoolId>,
 }
 
 impl PoolRoute {
     /// Routes the calling thread's reservations through allocator `allocator` to `pool`.
     pub(crate) fn enter(allocator: u64, pool: MemPoolId) -> Self {
-        let route = (allocator, StreamId::current(), pool);
-        ROUTES.lock().push(route);
-        ROUTES_ANYWHERE.fetch_add(1, Ordering::Relaxed);
         Self {
-            route,
-            _thread: PhantomData,
+            _route: ROUTES.enter((allocator, StreamId::current()), pool),
         }
-    }
-}
-
-impl Drop for PoolRoute {
-    fn drop(&mut self) {
-        let mut routes = ROUTES.lock();
-        // Guards dropped out of order leave the others in place.
-        if let Some(at) = routes.iter().rposition(|r| *r == self.route) {
-            routes.remove(at);
-        }
-        ROUTES_ANYWHERE.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -10,60 +10,27 @@
 //! is given, on both paths. A scope drains the fusion queue when it begins and ends (the
 //! backend's guard does), so what was queued inside it executes inside it.
 
-use std::collections::HashMap;
-
 use cubecl_common::stream_id::StreamId;
-use parking_lot::Mutex;
 
+use super::stream_routes::{RouteGuard, StreamRoutes};
 use crate::alloc::{ActiveCount, Tag, count_active};
 
-/// One stream's active scopes, innermost last, each with the number its guard removes.
-type StreamScopes = Vec<(u64, Tag)>;
-
 /// Per stream id, its active scopes.
-static SCOPES: Mutex<Option<HashMap<u64, StreamScopes>>> = Mutex::new(None);
-
-/// The number of the next scope entered (a guard removes its own entry, whatever the order).
-static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+static SCOPES: StreamRoutes<u64, Tag> = StreamRoutes::new();
 
 /// An active scope of one stream; dropping it ends the scope.
 #[derive(Debug)]
 pub(crate) struct StreamScope {
-    stream: u64,
-    number: u64,
+    _entry: RouteGuard<u64, Tag>,
     _counted: ActiveCount,
 }
 
 /// Makes `tag` the innermost scope of the calling thread's CubeCL stream until the returned
 /// value drops.
 pub(crate) fn enter(tag: Tag) -> StreamScope {
-    let stream = StreamId::current().value;
-    let number = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    SCOPES
-        .lock()
-        .get_or_insert_with(HashMap::new)
-        .entry(stream)
-        .or_default()
-        .push((number, tag));
     StreamScope {
-        stream,
-        number,
+        _entry: SCOPES.enter(StreamId::current().value, tag),
         _counted: count_active(),
-    }
-}
-
-impl Drop for StreamScope {
-    fn drop(&mut self) {
-        let mut scopes = SCOPES.lock();
-        let Some(streams) = scopes.as_mut() else {
-            return;
-        };
-        if let Some(stack) = streams.get_mut(&self.stream) {
-            stack.retain(|(number, _)| *number != self.number);
-            if stack.is_empty() {
-                streams.remove(&self.stream);
-            }
-        }
     }
 }
 
@@ -74,12 +41,7 @@ pub(crate) fn current(stream: StreamId) -> Option<Tag> {
     if !Tag::any_active() {
         return None;
     }
-    let of_stream = SCOPES
-        .lock()
-        .as_ref()
-        .and_then(|streams| streams.get(&stream.value))
-        .and_then(|stack| stack.last().map(|(_, tag)| tag.clone()));
-    of_stream.or_else(Tag::current)
+    SCOPES.current(&stream.value).or_else(Tag::current)
 }
 
 #[cfg(test)]
