@@ -31,6 +31,15 @@ use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageU
 use crate::alloc::{AllocError, Allocation, CachingAllocator, MemPoolId, MissPath, Tag};
 use crate::device::{DeviceError, DeviceMemory, DeviceStream};
 
+/// One engine block behind a CubeCL slice.
+struct Held<H> {
+    block: Allocation<H>,
+    /// The bytes CubeCL asked for (0 for an empty tensor's block).
+    size: u64,
+    /// The private pool the block came from.
+    pool: Option<MemPoolId>,
+}
+
 /// Where a kernel finds a slice: the segment's device handle, and a byte range in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineResource<H> {
@@ -64,14 +73,15 @@ pub struct EngineStorage<D: DeviceMemory> {
     allocator: Arc<CachingAllocator<D>>,
     stream: DeviceStream,
     alignment: u64,
-    /// Each block, with the bytes CubeCL asked for it (0 for an empty tensor's block).
-    blocks: HashMap<StorageId, (Allocation<D::Handle>, u64)>,
+    /// Each block, with the bytes CubeCL asked for it (0 for an empty tensor's block) and the
+    /// private pool it came from (what CubeCL's exact-size reuse must not hand to a request
+    /// outside that pool, see `StreamMemory`).
+    blocks: HashMap<StorageId, Held<D::Handle>>,
     growth: Growth,
     /// The private pool the next blocks come from (`None`: the allocator's own pools).
     mem_pool: Option<MemPoolId>,
-    /// The blocks of private pools, by slice: what CubeCL's exact-size reuse must not hand to
-    /// a request outside their pool (see `StreamMemory`).
-    pooled: HashMap<StorageId, MemPoolId>,
+    /// How many of `blocks` came from private pools.
+    pooled: usize,
     refused: bool,
     last_error: Option<AllocError>,
     held_bytes: u64,
@@ -98,7 +108,7 @@ impl<D: DeviceMemory> EngineStorage<D> {
             blocks: HashMap::new(),
             growth: Growth::Allowed,
             mem_pool: None,
-            pooled: HashMap::new(),
+            pooled: 0,
             refused: false,
             last_error: None,
             held_bytes: 0,
@@ -132,12 +142,12 @@ impl<D: DeviceMemory> EngineStorage<D> {
 
     /// Whether this storage holds blocks of private pools.
     pub fn holds_pool_blocks(&self) -> bool {
-        !self.pooled.is_empty()
+        self.pooled > 0
     }
 
     /// The private pool of slice `id`'s block (`None`: the allocator's own, or not a block).
     pub fn pool_of(&self, id: StorageId) -> Option<MemPoolId> {
-        self.pooled.get(&id).copied()
+        self.blocks.get(&id).and_then(|held| held.pool)
     }
 
     /// Whether an `alloc` was refused (in [`Growth::CacheOnly`] or [`Growth::PoolOnly`]) since
@@ -158,8 +168,8 @@ impl<D: DeviceMemory> EngineStorage<D> {
 
     /// Counts the block of slice `id` under memory scope `tag` (`None`: no scope).
     pub fn retag(&self, id: StorageId, tag: Option<Tag>) {
-        if let Some((block, _)) = self.blocks.get(&id)
-            && let Err(err) = self.allocator.retag(block, tag)
+        if let Some(held) = self.blocks.get(&id)
+            && let Err(err) = self.allocator.retag(&held.block, tag)
         {
             log::warn!("EngineStorage: engine refused to retag a block: {err}");
         }
@@ -181,7 +191,7 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
     fn get(&mut self, handle: &StorageHandle) -> Self::Resource {
         // MemoryManagement only resolves handles of slices it holds, and every slice it holds
         // was created by `alloc` and is removed only by `dealloc`: a miss is a broken invariant.
-        let (block, _) = self.blocks.get(&handle.id).unwrap_or_else(|| {
+        let Held { block, .. } = self.blocks.get(&handle.id).unwrap_or_else(|| {
             panic!(
                 "EngineStorage: {} is not a live block of {} (CubeCL resolved a slice it had \
                  already deallocated)",
@@ -227,10 +237,9 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
             Ok(Some(block)) => {
                 let id = StorageId::new();
                 self.held_bytes += size;
-                self.blocks.insert(id, (block, size));
-                if let Some(pool) = self.mem_pool {
-                    self.pooled.insert(id, pool);
-                }
+                let pool = self.mem_pool;
+                self.blocks.insert(id, Held { block, size, pool });
+                self.pooled += usize::from(self.mem_pool.is_some());
                 Ok(StorageHandle::new(
                     id,
                     StorageUtilization { offset: 0, size },
@@ -257,12 +266,12 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
     }
 
     fn dealloc(&mut self, id: StorageId) {
-        self.pooled.remove(&id);
-        let Some((block, size)) = self.blocks.remove(&id) else {
+        let Some(Held { block, size, pool }) = self.blocks.remove(&id) else {
             log::warn!("EngineStorage: dealloc of unknown {id} on {}", self.stream);
             return;
         };
         self.held_bytes -= size;
+        self.pooled -= usize::from(pool.is_some());
         if let Err(err) = self.allocator.free(block) {
             log::error!("EngineStorage: engine refused to free a block: {err}");
         }
@@ -279,8 +288,8 @@ impl<D: DeviceMemory> Drop for EngineStorage<D> {
     fn drop(&mut self) {
         let mut refused = 0usize;
         let mut last = None;
-        self.pooled.clear();
-        for (_, (block, _)) in self.blocks.drain() {
+        self.pooled = 0;
+        for (_, Held { block, .. }) in self.blocks.drain() {
             if let Err(err) = self.allocator.free(block) {
                 refused += 1;
                 last = Some(err);
