@@ -445,11 +445,18 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
             live
         });
         let retag = Tag::ever_used().then(|| memory.clone());
-        self.route_to_pool(stream_id, pool);
+        // Only a routed reservation touches the stream's storage here: every other one finds
+        // it on the allocator's own pools already, and a lookup counts as an operation of the
+        // stream (its idle-slot bookkeeping).
+        if pool.is_some() {
+            self.route_to_pool(stream_id, pool);
+        }
         let bound = Tag::serving(caller.scope.clone(), || {
             Stack::serving(caller.stack, || self.reserve_bound(memory, size, stream_id))
         });
-        self.route_to_pool(stream_id, None);
+        if pool.is_some() {
+            self.route_to_pool(stream_id, None);
+        }
         match bound {
             Err(err) => self.push_error(stream_id, err),
             // CubeCL may have handed the caller a slice another request left free: its block
