@@ -77,17 +77,7 @@ impl Tag {
     /// Runs `f` with `tag` standing for the calling thread's scope: every allocation the
     /// engine serves inside `f`, on this thread, is tagged `tag`. `None` changes nothing.
     pub fn serving<R>(tag: Option<Tag>, f: impl FnOnce() -> R) -> R {
-        let Some(tag) = tag else {
-            return f();
-        };
-        struct Restore(Option<Tag>);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                SERVED.with(|served| *served.borrow_mut() = self.0.take());
-            }
-        }
-        let _restore = Restore(SERVED.with(|served| served.borrow_mut().replace(tag)));
-        f()
+        super::stack::serving_with(&SERVED, tag, f)
     }
 
     /// The tag of the request being served on this thread ([`Tag::serving`]), or else the

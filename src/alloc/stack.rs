@@ -70,17 +70,7 @@ impl Stack {
     /// instead of capturing its own. `None` changes nothing. Nested calls restore the outer
     /// stack when they return.
     pub fn serving<R>(stack: Option<Stack>, f: impl FnOnce() -> R) -> R {
-        let Some(stack) = stack else {
-            return f();
-        };
-        struct Restore(Option<Stack>);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                SERVED.with(|served| *served.borrow_mut() = self.0.take());
-            }
-        }
-        let _restore = Restore(SERVED.with(|served| served.borrow_mut().replace(stack)));
-        f()
+        serving_with(&SERVED, stack, f)
     }
 
     /// The stack of the request being served on this thread ([`Stack::serving`]), or else
@@ -90,6 +80,31 @@ impl Stack {
             .with(|served| served.borrow().clone())
             .unwrap_or_else(Stack::capture)
     }
+}
+
+/// Runs `f` with `value` in the thread-local `cell` (`None` changes nothing), and puts the
+/// outer value back when `f` returns or unwinds: what the engine reads as the request it
+/// serves (`Stack::serving`, `Tag::serving`).
+pub(crate) fn serving_with<T: 'static, R>(
+    cell: &'static std::thread::LocalKey<RefCell<Option<T>>>,
+    value: Option<T>,
+    f: impl FnOnce() -> R,
+) -> R {
+    let Some(value) = value else {
+        return f();
+    };
+    struct Restore<T: 'static>(
+        &'static std::thread::LocalKey<RefCell<Option<T>>>,
+        Option<T>,
+    );
+    impl<T: 'static> Drop for Restore<T> {
+        fn drop(&mut self) {
+            let outer = self.1.take();
+            self.0.with(|served| *served.borrow_mut() = outer);
+        }
+    }
+    let _restore = Restore(cell, cell.with(|served| served.borrow_mut().replace(value)));
+    f()
 }
 
 thread_local! {
