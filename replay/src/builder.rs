@@ -30,6 +30,7 @@ impl TraceBuilder {
             stream: 0,
             block_size: 0,
             address: 0,
+            pool: 0,
         });
         self.live.insert(id);
         TensorId(id)

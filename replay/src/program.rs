@@ -1,22 +1,26 @@
 //! A trace compiled for replay: its inputs, checked, with allocation ids turned into slots.
 //!
 //! Compiling checks that the trace is well formed (every free and every stream record names
-//! a live allocation, no id is allocated twice while live, no request is of zero bytes) and
+//! a live allocation, no id is allocated twice while live, no request is of zero bytes, every
+//! request routed to a private pool names a pool made before it and not yet let go) and
 //! computes what is a property of the trace alone, whatever the allocator: the bytes of live
 //! requests after every operation and their peak.
 
 use std::collections::{HashMap, HashSet};
 
-use burn_caching_alloc::alloc::{Trace, TraceEvent};
+use burn_caching_alloc::alloc::{MemPoolOptions, Trace, TraceEvent};
 use burn_caching_alloc::device::DeviceStream;
 
-/// One replayable operation. `slot` indexes a table of live handles.
+/// One replayable operation. `slot` indexes a table of live handles; `pool` numbers the
+/// trace's private pools from 0, in the order they were made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Malloc {
         slot: u32,
         size: u64,
         stream: DeviceStream,
+        /// The private pool the request was routed to; `None`: the allocator's own pools.
+        pool: Option<u32>,
     },
     Free {
         slot: u32,
@@ -26,6 +30,19 @@ pub enum Op {
         stream: DeviceStream,
     },
     EmptyCache,
+    /// A private pool is made.
+    PoolCreate {
+        pool: u32,
+        options: MemPoolOptions,
+    },
+    /// A private pool returns its wholly free segments.
+    PoolEmptyCache {
+        pool: u32,
+    },
+    /// A private pool is let go.
+    PoolRelease {
+        pool: u32,
+    },
 }
 
 /// Why a trace cannot be replayed.
@@ -47,7 +64,16 @@ pub enum TraceError {
     TooManyStreams { index: usize },
     #[error("event {index}: more than 2^32 allocations are live at once")]
     TooManySlots { index: usize },
+    #[error("event {index}: private pool {pool} is made a second time")]
+    PoolCreatedTwice { index: usize, pool: u64 },
+    #[error("event {index}: private pool {pool} was never made, or was let go")]
+    UnknownPool { index: usize, pool: u64 },
+    #[error("event {index}: the trace makes more than {MAX_POOLS} private pools")]
+    TooManyPools { index: usize },
 }
+
+/// The most private pools a replayed trace may make (each costs the allocators a pool).
+pub const MAX_POOLS: usize = 4096;
 
 /// The most distinct streams a replayed trace may use: each costs the replay per-stream state
 /// (a CubeCL manager in the caching stack), so a trace naming millions is refused.
@@ -63,6 +89,7 @@ pub struct Program {
     peak_op: usize,
     appended_frees: usize,
     skipped_events: usize,
+    pools: usize,
 }
 
 impl Program {
@@ -70,8 +97,10 @@ impl Program {
     /// so every replay ends with nothing allocated.
     ///
     /// A recorded trace whose ring overwrote events (`dropped > 0`) may free or record
-    /// allocations whose malloc fell off the ring; those events are skipped (and counted in
-    /// [`Program::skipped_events`]). In a complete trace they are errors.
+    /// allocations whose malloc fell off the ring, and route requests to a pool whose making
+    /// fell off it; those frees, records and pool operations are skipped and those requests
+    /// served by the allocator's own pools (each counted in [`Program::skipped_events`]). In a
+    /// complete trace they are errors.
     pub fn compile(trace: &Trace) -> Result<Self, TraceError> {
         let lenient = trace.dropped > 0;
         let mut ops = Vec::new();
@@ -83,6 +112,8 @@ impl Program {
         let mut peak_allocated = 0u64;
         let mut peak_op = 0usize;
         let mut skipped_events = 0usize;
+        // Trace pool number -> (program pool, still routable).
+        let mut pools: HashMap<u64, (u32, bool)> = HashMap::new();
         let mut streams: HashSet<u64> = HashSet::new();
         let mut stream_seen = |stream: u64, index: usize| {
             if streams.len() >= MAX_STREAMS && !streams.contains(&stream) {
@@ -94,8 +125,21 @@ impl Program {
         for (index, event) in trace.events.iter().enumerate() {
             match *event {
                 TraceEvent::Malloc {
-                    id, size, stream, ..
+                    id,
+                    size,
+                    stream,
+                    pool,
+                    ..
                 } => {
+                    let pool = match (pool, pools.get(&pool)) {
+                        (0, _) => None,
+                        (_, Some(&(number, true))) => Some(number),
+                        _ if lenient => {
+                            skipped_events += 1;
+                            None
+                        }
+                        _ => return Err(TraceError::UnknownPool { index, pool }),
+                    };
                     if size == 0 {
                         return Err(TraceError::ZeroSize { index, id });
                     }
@@ -121,6 +165,7 @@ impl Program {
                         slot,
                         size,
                         stream: DeviceStream(stream),
+                        pool,
                     });
                     if allocated > peak_allocated {
                         peak_allocated = allocated;
@@ -148,6 +193,41 @@ impl Program {
                     None => return Err(TraceError::RecordOfDeadAllocation { index, id }),
                 },
                 TraceEvent::EmptyCache => ops.push(Op::EmptyCache),
+                TraceEvent::PoolCreate {
+                    pool,
+                    no_split,
+                    use_on_oom,
+                } => {
+                    if pool == 0 || pools.contains_key(&pool) {
+                        return Err(TraceError::PoolCreatedTwice { index, pool });
+                    }
+                    if pools.len() >= MAX_POOLS {
+                        return Err(TraceError::TooManyPools { index });
+                    }
+                    let number = pools.len() as u32;
+                    pools.insert(pool, (number, true));
+                    ops.push(Op::PoolCreate {
+                        pool: number,
+                        options: MemPoolOptions {
+                            no_split,
+                            use_on_oom,
+                        },
+                    });
+                }
+                TraceEvent::PoolEmptyCache { pool } | TraceEvent::PoolRelease { pool } => {
+                    match pools.get_mut(&pool) {
+                        Some((number, routable @ true)) => {
+                            if matches!(event, TraceEvent::PoolRelease { .. }) {
+                                *routable = false;
+                                ops.push(Op::PoolRelease { pool: *number });
+                            } else {
+                                ops.push(Op::PoolEmptyCache { pool: *number });
+                            }
+                        }
+                        _ if lenient => skipped_events += 1,
+                        _ => return Err(TraceError::UnknownPool { index, pool }),
+                    }
+                }
                 _ => {}
             }
         }
@@ -166,7 +246,13 @@ impl Program {
             peak_op,
             appended_frees,
             skipped_events,
+            pools: pools.len(),
         })
+    }
+
+    /// Private pools the trace makes (numbered from 0 in [`Op`]).
+    pub fn pools(&self) -> usize {
+        self.pools
     }
 
     pub fn ops(&self) -> &[Op] {
@@ -216,7 +302,11 @@ impl Program {
                         allocated += size;
                     }
                     Op::Free { slot } => allocated -= sizes[slot as usize],
-                    Op::RecordStream { .. } | Op::EmptyCache => {}
+                    Op::RecordStream { .. }
+                    | Op::EmptyCache
+                    | Op::PoolCreate { .. }
+                    | Op::PoolEmptyCache { .. }
+                    | Op::PoolRelease { .. } => {}
                 }
                 allocated
             })

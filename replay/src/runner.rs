@@ -88,7 +88,15 @@ fn replay_ops<A: ReplayAllocator, P: Probe<A>>(
     for (index, op) in program.ops().iter().enumerate() {
         probe.before();
         match *op {
-            Op::Malloc { slot, size, stream } => match allocator.malloc(size, stream) {
+            Op::Malloc {
+                slot,
+                size,
+                stream,
+                pool,
+            } => match match pool {
+                None => allocator.malloc(size, stream),
+                Some(pool) => allocator.malloc_in(pool, size, stream),
+            } {
                 Ok(handle) => {
                     handles[slot as usize] = Some(handle);
                     counts.mallocs += 1;
@@ -108,6 +116,9 @@ fn replay_ops<A: ReplayAllocator, P: Probe<A>>(
                 }
             }
             Op::EmptyCache => allocator.empty_cache()?,
+            Op::PoolCreate { pool, options } => allocator.create_pool(pool, options)?,
+            Op::PoolEmptyCache { pool } => allocator.pool_empty_cache(pool)?,
+            Op::PoolRelease { pool } => allocator.release_pool(pool)?,
         }
         probe.after(index, allocator);
     }

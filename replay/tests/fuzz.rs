@@ -1,10 +1,14 @@
 //! The replay's trace compiler fed hostile traces (issue 33): an error or a program, never a
-//! panic. It overflowed `u64` on two huge mallocs and kept state per distinct stream id
+//! panic; a program replays through the engine and the stack, private pools included, without
+//! a panic and with every byte back on the device. It overflowed `u64` on two huge mallocs and kept state per distinct stream id
 //! without bound. `PROPTEST_CASES` sets the cases (default 256).
 
 use burn_caching_alloc::alloc::{Trace, TraceEvent};
+use burn_caching_alloc::device::sim::SimDevice;
 use proptest::prelude::*;
+use replay::allocator::{CachingStackAllocator, EngineAllocator};
 use replay::program::MAX_STREAMS;
+use replay::runner::replay;
 use replay::{Program, TraceError};
 
 fn cases() -> u32 {
@@ -15,12 +19,17 @@ fn cases() -> u32 {
 }
 
 fn malloc(id: u64, size: u64, stream: u64) -> TraceEvent {
+    malloc_in(0, id, size, stream)
+}
+
+fn malloc_in(pool: u64, id: u64, size: u64, stream: u64) -> TraceEvent {
     TraceEvent::Malloc {
         id,
         size,
         stream,
         block_size: size,
         address: 0,
+        pool,
     }
 }
 
@@ -28,8 +37,20 @@ fn event() -> impl Strategy<Value = TraceEvent> {
     let id = 0u64..6;
     let size = prop_oneof![1u64..4096, Just(0), Just(u64::MAX), Just(u64::MAX / 2 + 1)];
     let stream = prop_oneof![0u64..4, any::<u64>()];
+    let pool = 0u64..3;
     prop_oneof![
-        (id.clone(), size, stream.clone()).prop_map(|(id, size, stream)| malloc(id, size, stream)),
+        (pool.clone(), id.clone(), size, stream.clone())
+            .prop_map(|(pool, id, size, stream)| malloc_in(pool, id, size, stream)),
+        (pool.clone(), any::<bool>(), any::<bool>()).prop_map(|(pool, no_split, use_on_oom)| {
+            TraceEvent::PoolCreate {
+                pool,
+                no_split,
+                use_on_oom,
+            }
+        }),
+        pool.clone()
+            .prop_map(|pool| TraceEvent::PoolEmptyCache { pool }),
+        pool.prop_map(|pool| TraceEvent::PoolRelease { pool }),
         id.clone().prop_map(|id| TraceEvent::FreeRequested { id }),
         (id.clone(), stream).prop_map(|(id, stream)| TraceEvent::RecordStream { id, stream }),
         id.prop_map(|id| TraceEvent::FreeCompleted { id }),
@@ -47,6 +68,14 @@ proptest! {
             let curve = program.allocated_curve();
             prop_assert_eq!(curve.iter().copied().max().unwrap_or(0), program.peak_allocated());
             prop_assert_eq!(curve.last().copied(), Some(0), "every replay ends with nothing live");
+            // Replayed through the engine and the stack (private pools included): an error or
+            // a replay, never a panic, and every byte back on the device once dropped.
+            let device = SimDevice::new(64 << 20);
+            let _ = replay(&mut EngineAllocator::new(device.clone()), &program);
+            prop_assert_eq!(device.bytes_in_use(), 0);
+            let device = SimDevice::new(64 << 20);
+            let _ = replay(&mut CachingStackAllocator::new(device.clone()), &program);
+            prop_assert_eq!(device.bytes_in_use(), 0);
         }
     }
 }

@@ -1,13 +1,16 @@
 //! The replay crate's library: generators are deterministic and well formed, and every
 //! allocator replays every built-in trace with the trace's own peak of live requests.
 
-use burn_caching_alloc::alloc::{Trace, TraceEvent};
+use burn_caching_alloc::alloc::{
+    AllocatorConfig, CachingAllocator, HistoryOptions, MemPoolOptions, Trace, TraceEvent,
+};
+use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::device::sim::SimDevice;
 use parking_lot::Mutex;
 use replay::allocator::{CachingStackAllocator, CubeclAllocator, EngineAllocator, ReplayAllocator};
 use replay::many_params::{ManyParamsConfig, many_params};
 use replay::random::{RandomTraceConfig, random_lifetimes};
-use replay::runner::{Probe, replay_with};
+use replay::runner::{Probe, replay, replay_with};
 use replay::training::{cnn_mnist, mlp_mnist};
 use replay::transformer::transformer_varlen;
 use replay::{
@@ -130,6 +133,27 @@ fn malloc(id: u64, size: u64) -> TraceEvent {
         stream: 0,
         block_size: 0,
         address: 0,
+        pool: 0,
+    }
+}
+
+/// A malloc input routed to private pool `pool`.
+fn malloc_in(pool: u64, id: u64, size: u64) -> TraceEvent {
+    TraceEvent::Malloc {
+        id,
+        size,
+        stream: 0,
+        block_size: 0,
+        address: 0,
+        pool,
+    }
+}
+
+fn pool_create(pool: u64) -> TraceEvent {
+    TraceEvent::PoolCreate {
+        pool,
+        no_split: false,
+        use_on_oom: false,
     }
 }
 
@@ -418,4 +442,213 @@ fn transformer_varlen_through_the_stack_with_expandable_segments_is_within_1_10x
         m.reserved_ratio(),
         m.peak_allocated
     );
+}
+
+/// Issue 37: a program's private pools replay as they ran. Parameters loaded into a pool
+/// (PyTorch's `MemPool` under `use_mem_pool`), activations of varying length outside it, one
+/// parameter freed, the pool emptied, the pool let go while a parameter still lives, then that
+/// parameter freed (its segment goes back at once): the trace recorded from the engine,
+/// replayed through the engine, makes exactly the same events, outcomes included.
+#[test]
+fn a_trace_recorded_with_a_private_pool_replays_to_the_same_events() {
+    const MIB: u64 = 1 << 20;
+    let stream = DeviceStream(0);
+    let new_engine = || {
+        CachingAllocator::new(SimDevice::new(1 << 30), AllocatorConfig::default()).expect("valid")
+    };
+    let recorded = new_engine();
+    recorded.record_memory_history(HistoryOptions::trace(10_000));
+    let params = recorded
+        .create_pool(MemPoolOptions::default())
+        .expect("made");
+    let mut weights: Vec<_> = [3 * MIB, 3 * MIB, 700 << 10]
+        .into_iter()
+        .map(|size| recorded.malloc_in(params, size, stream).expect("fits"))
+        .collect();
+    for length in [5, 9, 7] {
+        let activations: Vec<_> = (0..3)
+            .map(|i| {
+                recorded
+                    .malloc(length * MIB + i * 4096, stream)
+                    .expect("fits")
+            })
+            .collect();
+        for activation in activations {
+            recorded.free(activation).expect("live");
+        }
+    }
+    recorded.free(weights.remove(0)).expect("live");
+    recorded.pool_empty_cache(params).expect("live pool");
+    recorded.release_pool(params).expect("live pool");
+    for weight in weights {
+        recorded.free(weight).expect("live");
+    }
+    let trace = recorded.trace();
+    assert_eq!(trace.dropped, 0);
+    let pooled = trace
+        .events
+        .iter()
+        .filter(|e| matches!(e, TraceEvent::Malloc { pool: 1, .. }))
+        .count();
+    assert_eq!(pooled, 3, "the parameters' requests name their pool");
+
+    let program = Program::compile(&trace).expect("well formed");
+    assert_eq!(program.pools(), 1);
+    let mut engine = EngineAllocator::new(SimDevice::new(1 << 30));
+    engine
+        .engine()
+        .record_memory_history(HistoryOptions::trace(10_000));
+    replay(&mut engine, &program).expect("replays");
+    assert_eq!(engine.engine().trace().events, trace.events);
+}
+
+/// Issue 37: through the caching stack, CubeCL's exact-size reuse never hands a pool's slice
+/// to a request outside the pool: a 3 MiB request of the allocator's own pools after a freed
+/// 3 MiB pool block takes a segment of its own, and the pool's segment stays the pool's. The
+/// engine alone does the same; CubeCL's pools have no private pools and reuse the one page.
+#[test]
+fn a_request_outside_a_pool_never_takes_the_pools_memory_in_the_replay() {
+    const MIB: u64 = 1 << 20;
+    let trace = Trace {
+        events: vec![
+            pool_create(7),
+            malloc_in(7, 1, 3 * MIB),
+            TraceEvent::FreeRequested { id: 1 },
+            malloc(2, 3 * MIB),
+            TraceEvent::FreeRequested { id: 2 },
+        ],
+        dropped: 0,
+    };
+    let program = Program::compile(&trace).expect("well formed");
+    let pools_of = |segments: &[burn_caching_alloc::alloc::SegmentSnapshot]| {
+        let mut pools: Vec<Option<u64>> = segments.iter().map(|s| s.mem_pool).collect();
+        pools.sort();
+        pools
+    };
+    let mut engine = EngineAllocator::new(SimDevice::new(1 << 30));
+    replay(&mut engine, &program).expect("replays");
+    assert_eq!(
+        pools_of(&engine.engine().snapshot().segments),
+        [None, Some(1)]
+    );
+    let mut stack = CachingStackAllocator::new(SimDevice::new(1 << 30));
+    replay(&mut stack, &program).expect("replays");
+    assert_eq!(
+        pools_of(&stack.engine().snapshot().segments),
+        [None, Some(1)]
+    );
+
+    let options = MeasureOptions {
+        capacity: 1 << 30,
+        ..MeasureOptions::new(1)
+    };
+    let device_allocs = |kind| {
+        measure("pools", &program, kind, &options)
+            .expect("replays")
+            .device_allocs
+    };
+    assert_eq!(device_allocs(AllocatorKind::Caching), 2);
+    assert_eq!(device_allocs(AllocatorKind::CachingStack), 2);
+    assert_eq!(device_allocs(AllocatorKind::CubeclSubslices), 1);
+}
+
+/// Issue 37: pool events are checked like the others: a request routed to a pool never made,
+/// or let go, and a pool made twice, are refused in a complete trace; in a trace whose ring
+/// overflowed (the pool's making may have fallen off) the request is served by the
+/// allocator's own pools and counted as skipped.
+#[test]
+fn pool_events_of_a_malformed_trace_are_refused() {
+    let compile = |events: Vec<TraceEvent>, dropped| Program::compile(&Trace { events, dropped });
+    assert_eq!(
+        compile(vec![malloc_in(3, 1, 512)], 0).err(),
+        Some(TraceError::UnknownPool { index: 0, pool: 3 })
+    );
+    assert_eq!(
+        compile(
+            vec![
+                pool_create(3),
+                TraceEvent::PoolRelease { pool: 3 },
+                malloc_in(3, 1, 512)
+            ],
+            0
+        )
+        .err(),
+        Some(TraceError::UnknownPool { index: 2, pool: 3 })
+    );
+    assert_eq!(
+        compile(vec![pool_create(3), pool_create(3)], 0).err(),
+        Some(TraceError::PoolCreatedTwice { index: 1, pool: 3 })
+    );
+    assert_eq!(
+        compile(vec![pool_create(0)], 0).err(),
+        Some(TraceError::PoolCreatedTwice { index: 0, pool: 0 })
+    );
+    assert_eq!(
+        compile(vec![TraceEvent::PoolEmptyCache { pool: 2 }], 0).err(),
+        Some(TraceError::UnknownPool { index: 0, pool: 2 })
+    );
+    let lenient = compile(
+        vec![malloc_in(3, 1, 512), TraceEvent::PoolRelease { pool: 3 }],
+        5,
+    )
+    .expect("lenient");
+    assert_eq!(lenient.skipped_events(), 2);
+    assert_eq!(lenient.pools(), 0);
+}
+
+/// Issue 37, measured: the built-in variable-length transformer with its parameters loaded
+/// into a private pool (the first requests of the trace, one per parameter, routed to pool 1),
+/// against the same trace without the pool. Every allocator replays both to the trace's own
+/// live peak; the reserved peaks are printed for the guide's
+/// benchmarks chapter (`cargo test -p replay --test replay parameters_in_a_private_pool --
+/// --nocapture`).
+#[test]
+fn parameters_in_a_private_pool_replay_through_every_allocator() {
+    use replay::training::TrainingModel;
+    use replay::transformer::VarLenTransformer;
+    let seed = replay::BUILTIN_SEED;
+    let plain = transformer_varlen(30, seed);
+    let params = VarLenTransformer::new(seed).params().len();
+    let mut events = vec![pool_create(1)];
+    let mut routed = 0;
+    for event in &plain.events {
+        let mut event = event.clone();
+        if let TraceEvent::Malloc { pool, .. } = &mut event
+            && routed < params
+        {
+            *pool = 1;
+            routed += 1;
+        }
+        events.push(event);
+    }
+    let pooled = Trace { events, dropped: 0 };
+    let options = MeasureOptions::new(0);
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    for kind in [
+        AllocatorKind::Caching,
+        AllocatorKind::CachingStack,
+        AllocatorKind::CubeclSubslices,
+    ] {
+        let mut peaks = Vec::new();
+        for (name, trace) in [
+            ("without a pool", &plain),
+            ("parameters in a pool", &pooled),
+        ] {
+            let program = Program::compile(trace).expect("well formed");
+            let m = measure(name, &program, kind, &options).expect("replays");
+            assert_eq!(m.ooms, 0, "{kind} {name}");
+            peaks.push((m.peak_allocated, m.peak_reserved));
+        }
+        assert_eq!(
+            peaks[0].0, peaks[1].0,
+            "{kind}: the live peak is the trace's"
+        );
+        println!(
+            "{kind}: live peak {:.1} MiB; reserved peak without a pool {:.1} MiB, with the \
+             parameters in a pool {:.1} MiB",
+            mib(peaks[0].0),
+            mib(peaks[0].1),
+            mib(peaks[1].1)
+        );
+    }
 }

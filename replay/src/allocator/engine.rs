@@ -1,6 +1,8 @@
 //! `caching`: the engine alone, with its default configuration (or the one given).
 
-use burn_caching_alloc::alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator};
+use burn_caching_alloc::alloc::{
+    AllocError, Allocation, AllocatorConfig, CachingAllocator, MemPoolId, MemPoolOptions,
+};
 use burn_caching_alloc::device::{DeviceMemory, DeviceStream};
 
 use super::{ReplayAllocator, ReplayError};
@@ -11,6 +13,8 @@ use super::{ReplayAllocator, ReplayError};
 /// them all), every segment goes back to the device.
 pub struct EngineAllocator<D: DeviceMemory> {
     engine: CachingAllocator<D>,
+    /// The engine's pool for each pool the program made, by the program's number.
+    pools: Vec<MemPoolId>,
 }
 
 impl<D: DeviceMemory> EngineAllocator<D> {
@@ -23,6 +27,7 @@ impl<D: DeviceMemory> EngineAllocator<D> {
             engine: CachingAllocator::new(device, config).unwrap_or_else(|err| {
                 panic!("replay: the engine refuses the configuration: {err}")
             }),
+            pools: Vec::new(),
         }
     }
 
@@ -57,6 +62,39 @@ impl<D: DeviceMemory> ReplayAllocator for EngineAllocator<D> {
         self.engine.malloc(size, stream).map_err(replay_error)
     }
 
+    fn malloc_in(
+        &mut self,
+        pool: u32,
+        size: u64,
+        stream: DeviceStream,
+    ) -> Result<Self::Handle, ReplayError> {
+        let pool = engine_pool(&self.pools, pool)?;
+        self.engine
+            .malloc_in(pool, size, stream)
+            .map_err(replay_error)
+    }
+
+    fn create_pool(&mut self, pool: u32, options: MemPoolOptions) -> Result<(), ReplayError> {
+        let made = self.engine.create_pool(options).map_err(replay_error)?;
+        record_pool(&mut self.pools, pool, made)
+    }
+
+    fn pool_empty_cache(&mut self, pool: u32) -> Result<(), ReplayError> {
+        let pool = engine_pool(&self.pools, pool)?;
+        self.engine
+            .pool_empty_cache(pool)
+            .map(|_| ())
+            .map_err(replay_error)
+    }
+
+    fn release_pool(&mut self, pool: u32) -> Result<(), ReplayError> {
+        let pool = engine_pool(&self.pools, pool)?;
+        self.engine
+            .release_pool(pool)
+            .map(|_| ())
+            .map_err(replay_error)
+    }
+
     fn free(&mut self, handle: Self::Handle) -> Result<(), ReplayError> {
         self.engine.free(handle).map_err(replay_error)
     }
@@ -78,4 +116,29 @@ impl<D: DeviceMemory> ReplayAllocator for EngineAllocator<D> {
     fn live_bytes(&self) -> u64 {
         self.engine.stats().requested_bytes.all.current
     }
+}
+
+/// The engine's pool for the program's pool `pool`.
+pub(crate) fn engine_pool(pools: &[MemPoolId], pool: u32) -> Result<MemPoolId, ReplayError> {
+    pools
+        .get(pool as usize)
+        .copied()
+        .ok_or_else(|| ReplayError::Failed(format!("private pool {pool} was never made")))
+}
+
+/// Notes that the program's pool `pool` (the next number: a program numbers its pools in the
+/// order it makes them) is the engine's `made`.
+pub(crate) fn record_pool(
+    pools: &mut Vec<MemPoolId>,
+    pool: u32,
+    made: MemPoolId,
+) -> Result<(), ReplayError> {
+    if pool as usize != pools.len() {
+        return Err(ReplayError::Failed(format!(
+            "private pool {pool} made out of order (next is {})",
+            pools.len()
+        )));
+    }
+    pools.push(made);
+    Ok(())
 }

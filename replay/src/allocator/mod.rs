@@ -18,6 +18,11 @@
 //!   persistent pool over the engine (`EngineStorage`), with the runtime's reclaim policy.
 //!
 //! A free in the trace drops the CubeCL handle, as Burn does when a tensor goes away.
+//!
+//! Private pools (a trace recorded from a program that used
+//! [`MemPool`](burn_caching_alloc::backend::MemPool)) are made and routed to in `caching` and
+//! `caching-stack`; CubeCL's pools have none, so there the requests routed to a pool are
+//! served like any other: what a user of Burn's stock backend gets for the same program.
 
 mod cubecl;
 mod engine;
@@ -27,6 +32,7 @@ pub use cubecl::CubeclAllocator;
 pub use engine::EngineAllocator;
 pub use stack::{CachingStackAllocator, caching_stack_memory};
 
+use burn_caching_alloc::alloc::MemPoolOptions;
 use burn_caching_alloc::device::DeviceStream;
 use cubecl_ir::MemoryDeviceProperties;
 use cubecl_runtime::memory_management::{ManagedMemoryHandle, MemoryManagement};
@@ -52,6 +58,33 @@ pub trait ReplayAllocator {
     /// What a live allocation is held by (dropping it may be the free).
     type Handle;
     fn malloc(&mut self, size: u64, stream: DeviceStream) -> Result<Self::Handle, ReplayError>;
+    /// A request routed to private pool `pool` (made by [`ReplayAllocator::create_pool`]).
+    /// By default, for an allocator without private pools, served as [`ReplayAllocator::malloc`].
+    fn malloc_in(
+        &mut self,
+        pool: u32,
+        size: u64,
+        stream: DeviceStream,
+    ) -> Result<Self::Handle, ReplayError> {
+        let _ = pool;
+        self.malloc(size, stream)
+    }
+    /// Makes private pool `pool` (numbered from 0 in the order a program makes them).
+    /// By default nothing: an allocator without private pools.
+    fn create_pool(&mut self, pool: u32, options: MemPoolOptions) -> Result<(), ReplayError> {
+        let _ = (pool, options);
+        Ok(())
+    }
+    /// Private pool `pool` returns its wholly free segments. By default nothing.
+    fn pool_empty_cache(&mut self, pool: u32) -> Result<(), ReplayError> {
+        let _ = pool;
+        Ok(())
+    }
+    /// Private pool `pool` is let go. By default nothing.
+    fn release_pool(&mut self, pool: u32) -> Result<(), ReplayError> {
+        let _ = pool;
+        Ok(())
+    }
     fn free(&mut self, handle: Self::Handle) -> Result<(), ReplayError>;
     fn record_stream(
         &mut self,

@@ -12,12 +12,15 @@
 
 use std::sync::Arc;
 
-use burn_caching_alloc::alloc::{AllocError, AllocatorConfig, CachingAllocator};
+use burn_caching_alloc::alloc::{
+    AllocError, AllocatorConfig, CachingAllocator, MemPoolId, MemPoolOptions,
+};
 use burn_caching_alloc::device::sim::SimDevice;
 use burn_caching_alloc::device::{DeviceMemory, DeviceStream};
 use burn_caching_alloc::runtime::StreamMemory;
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
 
+use super::engine::{engine_pool, record_pool};
 use super::{ReplayAllocator, ReplayError, bind_client, cuda_memory_properties};
 
 /// One stream's memory of the caching stack, built the way the server builds it, on a device
@@ -36,6 +39,8 @@ pub struct CachingStackAllocator<D: DeviceMemory> {
     capacity: u64,
     streams: Vec<(DeviceStream, StreamMemory<D>)>,
     cursor: u64,
+    /// The engine's pool for each pool the program made, by the program's number.
+    pools: Vec<MemPoolId>,
 }
 
 impl CachingStackAllocator<SimDevice> {
@@ -62,6 +67,7 @@ impl<D: DeviceMemory> CachingStackAllocator<D> {
             capacity,
             streams: Vec::new(),
             cursor: 0,
+            pools: Vec::new(),
         }
     }
 
@@ -97,18 +103,76 @@ impl<D: DeviceMemory> Drop for CachingStackAllocator<D> {
     }
 }
 
-impl<D: DeviceMemory> ReplayAllocator for CachingStackAllocator<D> {
-    type Handle = ManagedMemoryHandle;
-
-    fn malloc(&mut self, size: u64, stream: DeviceStream) -> Result<Self::Handle, ReplayError> {
+impl<D: DeviceMemory> CachingStackAllocator<D> {
+    /// A reservation of `stream`'s memory routed to `pool`, as the server routes the
+    /// reservations made under a `use_mem_pool` guard.
+    fn reserve_in(
+        &mut self,
+        pool: Option<MemPoolId>,
+        size: u64,
+        stream: DeviceStream,
+    ) -> Result<ManagedMemoryHandle, ReplayError> {
         self.cursor += 1;
         let cursor = self.cursor;
         let memory = self.stream(stream);
-        let reserved = memory.reserve(size).map_err(|err| match &err.engine {
+        memory.manager().storage().set_mem_pool(pool);
+        let reserved = memory.reserve(size);
+        memory.manager().storage().set_mem_pool(None);
+        let reserved = reserved.map_err(|err| match &err.engine {
             Some(AllocError::OutOfMemory { .. }) => ReplayError::OutOfMemory(err.to_string()),
             _ => ReplayError::Failed(format!("caching stack reserve of {size} bytes: {err}")),
         })?;
         bind_client(memory.manager(), reserved, cursor)
+    }
+}
+
+impl<D: DeviceMemory> ReplayAllocator for CachingStackAllocator<D> {
+    type Handle = ManagedMemoryHandle;
+
+    fn malloc(&mut self, size: u64, stream: DeviceStream) -> Result<Self::Handle, ReplayError> {
+        self.reserve_in(None, size, stream)
+    }
+
+    fn malloc_in(
+        &mut self,
+        pool: u32,
+        size: u64,
+        stream: DeviceStream,
+    ) -> Result<Self::Handle, ReplayError> {
+        let pool = engine_pool(&self.pools, pool)?;
+        self.reserve_in(Some(pool), size, stream)
+    }
+
+    fn create_pool(&mut self, pool: u32, options: MemPoolOptions) -> Result<(), ReplayError> {
+        let made = self
+            .engine
+            .create_pool(options)
+            .map_err(|err| ReplayError::Failed(err.to_string()))?;
+        record_pool(&mut self.pools, pool, made)
+    }
+
+    fn pool_empty_cache(&mut self, pool: u32) -> Result<(), ReplayError> {
+        // What the backend's `MemPool::empty_cache` does: CubeCL's free slices go back to
+        // the engine first (outside the reclaim policy, as a reading hands them back), then
+        // the pool's wholly free segments to the device.
+        let pool = engine_pool(&self.pools, pool)?;
+        for (_, memory) in &mut self.streams {
+            memory.hand_back();
+        }
+        self.engine
+            .pool_empty_cache(pool)
+            .map(|_| ())
+            .map_err(|err| ReplayError::Failed(err.to_string()))
+    }
+
+    fn release_pool(&mut self, pool: u32) -> Result<(), ReplayError> {
+        // As the backend's `MemPool` drop: the pool's slices CubeCL still keeps go back to
+        // the engine when the reclaim walks reach them, and the segments with them.
+        let pool = engine_pool(&self.pools, pool)?;
+        self.engine
+            .release_pool(pool)
+            .map(|_| ())
+            .map_err(|err| ReplayError::Failed(err.to_string()))
     }
 
     fn free(&mut self, handle: Self::Handle) -> Result<(), ReplayError> {

@@ -395,7 +395,7 @@ impl<D: DeviceMemory> Engine<D> {
         }
         self.process_events()?;
         if self.uncached() {
-            return self.malloc_uncached(size, stream, growth);
+            return self.malloc_uncached(mem, size, stream, growth);
         }
         let total = self.device_total();
         let (rounded, pool) = self.block_for(size);
@@ -426,7 +426,7 @@ impl<D: DeviceMemory> Engine<D> {
             self.large_searches += 1;
         }
         if let Some(block) = self.take_free_block_in(mem, pool, stream, rounded) {
-            return Ok(Some(self.allocate_block(block, rounded, size)));
+            return Ok(Some(self.allocate_block(mem, block, rounded, size)));
         }
         if growth == MissPath::CacheOnly {
             return Ok(None);
@@ -434,14 +434,14 @@ impl<D: DeviceMemory> Engine<D> {
 
         let flush = growth == MissPath::Allowed;
         match self.grow(mem, new_segment, pool, stream, (size, rounded), flush) {
-            Ok(Some(block)) => Ok(Some(self.allocate_block(block, rounded, size))),
+            Ok(Some(block)) => Ok(Some(self.allocate_block(mem, block, rounded, size))),
             Ok(None) if !flush => Ok(None),
             Ok(None) => {
                 // PyTorch's last resort (a request of a private pool just fails).
                 if mem.is_none()
                     && let Some(block) = self.take_from_oom_pools(pool, stream, rounded)
                 {
-                    return Ok(Some(self.allocate_block(block, rounded, size)));
+                    return Ok(Some(self.allocate_block(mem, block, rounded, size)));
                 }
                 Err(self.out_of_memory(size, stream))
             }

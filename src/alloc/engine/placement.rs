@@ -167,9 +167,16 @@ impl<D: DeviceMemory> Engine<D> {
         }
     }
 
-    /// Hands out a free, unlisted block for a request, splitting off the remainder if the
-    /// rules allow, and returns it.
-    pub fn allocate_block(&mut self, block: BlockId, rounded: u64, requested: u64) -> BlockId {
+    /// Hands out a free, unlisted block for a request routed to private pool `routed` (`None`:
+    /// the allocator's own pools), splitting off the remainder if the rules allow, and returns
+    /// it.
+    pub fn allocate_block(
+        &mut self,
+        routed: Option<MemPoolId>,
+        block: BlockId,
+        rounded: u64,
+        requested: u64,
+    ) -> BlockId {
         let pool = self.blocks.pool(block);
         let before = self.inactive_split_share(block);
         let mut after = (0, 0);
@@ -210,6 +217,7 @@ impl<D: DeviceMemory> Engine<D> {
             stream: stream.0,
             block_size: size,
             address,
+            pool: routed.map_or(0, MemPoolId::get),
         });
         block
     }

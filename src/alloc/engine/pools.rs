@@ -28,6 +28,7 @@ use super::{Engine, LARGE_CLASS_LIMIT};
 use crate::alloc::block::{BlockId, BlockState};
 use crate::alloc::error::AllocError;
 use crate::alloc::free_list::FreeList;
+use crate::alloc::history::TraceEvent;
 use crate::alloc::mem_pool::{MemPoolId, MemPoolOptions, MemPoolStats};
 use crate::alloc::size::{MIN_BLOCK_SIZE, PoolKind, SMALL_BUFFER, SMALL_SIZE};
 use crate::device::{DeviceMemory, DeviceStream};
@@ -75,6 +76,11 @@ impl<D: DeviceMemory> Engine<D> {
         self.next_pool += 1;
         let id = MemPoolId(self.next_pool);
         self.private.insert(id, PrivatePool::new(options));
+        self.record(|| TraceEvent::PoolCreate {
+            pool: id.0,
+            no_split: options.no_split,
+            use_on_oom: options.use_on_oom,
+        });
         id
     }
 
@@ -167,6 +173,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// (waiting on their events, as the allocator's `empty_cache` does); the bytes returned.
     pub fn pool_empty_cache(&mut self, id: MemPoolId) -> Result<u64, AllocError> {
         self.pool_options(id)?;
+        self.record(|| TraceEvent::PoolEmptyCache { pool: id.0 });
         self.synchronize_pending()?;
         self.release_pool_segments(id)
     }
@@ -176,6 +183,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// bytes returned now.
     pub fn release_pool(&mut self, id: MemPoolId) -> Result<u64, AllocError> {
         self.pool_options(id)?;
+        self.record(|| TraceEvent::PoolRelease { pool: id.0 });
         self.private.get_mut(&id).expect(OUTLIVES).released = true;
         let released = self.release_pool_segments(id)?;
         self.forget_pool_if_empty(id);

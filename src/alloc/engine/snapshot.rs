@@ -28,10 +28,18 @@ impl<D: DeviceMemory> Engine<D> {
         runs
     }
 
-    /// What is live now, for a recorder that starts now: every mapped run and every
-    /// allocated or pending-free block.
+    /// What is live now, for a recorder that starts now: every private pool that can still be
+    /// routed to, every mapped run and every allocated or pending-free block.
     pub(super) fn live_now(&self) -> Vec<Live> {
-        let mut live = Vec::new();
+        let mut live: Vec<Live> = self
+            .pools()
+            .into_iter()
+            .map(|(id, options)| Live::Pool {
+                pool: id.get(),
+                no_split: options.no_split,
+                use_on_oom: options.use_on_oom,
+            })
+            .collect();
         for (segment, run) in self.mapped_runs() {
             let stream = segment.stream.0;
             live.push(Live::Segment {

@@ -26,6 +26,7 @@
 use super::{Engine, MissPath};
 use crate::alloc::block::BlockId;
 use crate::alloc::error::AllocError;
+use crate::alloc::mem_pool::MemPoolId;
 use crate::alloc::size::{MIN_BLOCK_SIZE, PoolKind};
 use crate::device::{DeviceMemory, DeviceStream};
 
@@ -36,10 +37,12 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// A request of `size` bytes (> 0) without caching: a device allocation of its own (see the
-    /// module docs). `Ok(None)` for [`MissPath::CacheOnly`] (nothing is cached), and for
+    /// module docs). `routed` (the private pool the request was routed to, which nothing
+    /// cached serves here) is recorded with it. `Ok(None)` for [`MissPath::CacheOnly`] (nothing is cached), and for
     /// [`MissPath::BeforeFlush`] when the device has no room before pending frees completed.
     pub(super) fn malloc_uncached(
         &mut self,
+        routed: Option<MemPoolId>,
         size: u64,
         stream: DeviceStream,
         growth: MissPath,
@@ -70,7 +73,7 @@ impl<D: DeviceMemory> Engine<D> {
             self.rescued_by_flush += u64::from(block.is_some());
         }
         match block {
-            Some(block) => Ok(Some(self.allocate_block(block, rounded, size))),
+            Some(block) => Ok(Some(self.allocate_block(routed, block, rounded, size))),
             None if growth == MissPath::BeforeFlush => Ok(None),
             None => Err(self.out_of_memory(size, stream)),
         }

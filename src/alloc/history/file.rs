@@ -242,6 +242,7 @@ mod tests {
                     stream: 0,
                     block_size: 1024,
                     address: 4096,
+                    pool: 0,
                 },
                 TraceEvent::FreeRequested { id: 1 },
                 TraceEvent::EmptyCache,
@@ -424,7 +425,8 @@ mod tests {
                     size: 10,
                     stream: 0,
                     block_size: 512,
-                    address: 4096
+                    address: 4096,
+                    pool: 0,
                 },
                 TraceEvent::Oom {
                     size: 3,
@@ -453,6 +455,7 @@ mod tests {
                     stream: 3,
                     block_size: 512,
                     address: 8,
+                    pool: 5,
                 },
                 TraceEvent::FreeRequested { id: 1 },
                 TraceEvent::FreeCompleted { id: 1 },
@@ -483,10 +486,33 @@ mod tests {
                     rounded: 512,
                     device_free: 7,
                 },
+                TraceEvent::PoolCreate {
+                    pool: 5,
+                    no_split: true,
+                    use_on_oom: false,
+                },
+                TraceEvent::PoolEmptyCache { pool: 5 },
+                TraceEvent::PoolRelease { pool: 5 },
             ],
             dropped: 0,
         };
         assert_eq!(Trace::from_json(&all.to_json()).expect("parses"), all);
+        // A malloc of the allocator's own pools writes no `pool` (traces recorded before
+        // private pools read the same), and reads back with pool 0.
+        let own = Trace {
+            events: vec![TraceEvent::Malloc {
+                id: 1,
+                size: 2,
+                stream: 0,
+                block_size: 512,
+                address: 8,
+                pool: 0,
+            }],
+            dropped: 0,
+        };
+        assert!(!own.to_json().contains("pool"), "{}", own.to_json());
+        assert_eq!(Trace::from_json(&own.to_json()).expect("parses"), own);
+        assert!(Trace::from_json(r#"{"events": [{"op": "pool_release"}]}"#).is_err());
     }
 
     /// Issue 33: `Trace::from_json_gz` had no cap at all; it stops at the byte cap now.

@@ -72,6 +72,16 @@ pub(crate) enum Live {
         /// Its segment's stream.
         stream: u64,
     },
+    /// A private pool that can still be routed to: the ring begins with its `PoolCreate`, so
+    /// that a replay of the trace makes it before its first request.
+    Pool {
+        /// The pool's number.
+        pool: u64,
+        /// Its `no_split` option.
+        no_split: bool,
+        /// Its `use_on_oom` option.
+        use_on_oom: bool,
+    },
 }
 
 /// The engine's recorder: the ring, and what it must remember about live blocks and segments.
@@ -105,6 +115,22 @@ impl Recorder {
         };
         for item in live {
             match item {
+                Live::Pool {
+                    pool,
+                    no_split,
+                    use_on_oom,
+                } => {
+                    if let Some(ring) = &mut recorder.ring {
+                        ring.push(Recorded {
+                            event: TraceEvent::PoolCreate {
+                                pool,
+                                no_split,
+                                use_on_oom,
+                            },
+                            entry: None,
+                        });
+                    }
+                }
                 Live::Segment { address, stream } => {
                     recorder.segments.insert(
                         address,
@@ -192,6 +218,7 @@ impl Recorder {
                 stream,
                 block_size,
                 address,
+                ..
             } => {
                 let stack = self.stack_if(StackContext::State);
                 self.live.insert(
@@ -310,7 +337,11 @@ impl Recorder {
                     ..entry(TraceAction::Oom, 0, rounded, rounded, stream, stack)
                 })
             }
-            TraceEvent::RecordStream { .. } | TraceEvent::EmptyCache => None,
+            TraceEvent::RecordStream { .. }
+            | TraceEvent::EmptyCache
+            | TraceEvent::PoolCreate { .. }
+            | TraceEvent::PoolEmptyCache { .. }
+            | TraceEvent::PoolRelease { .. } => None,
         };
         if let Some(ring) = &mut self.ring {
             ring.push(Recorded {

@@ -1,8 +1,9 @@
 //! The engine's events, the trace the replay reads: JSON in memory, and trace files on disk
 //! (JSON, gzipped when the name ends in `.gz`; see `file.rs`).
 //!
-//! `Malloc`, `FreeRequested`, `RecordStream` and `EmptyCache` are the inputs a caller gave;
-//! the other events are what the engine did about them. Replaying the inputs through any
+//! `Malloc` (with the private pool it was routed to), `FreeRequested`, `RecordStream`,
+//! `EmptyCache` and the `Pool*` events are the inputs a caller gave; the other events are what
+//! the engine did about them. Replaying the inputs through any
 //! allocator reproduces the workload (the `replay` crate of this workspace does).
 
 use std::path::Path;
@@ -33,6 +34,12 @@ pub enum TraceEvent {
         block_size: u64,
         /// The block's address.
         address: u64,
+        /// The private pool the request was routed to (its [`MemPoolId::get`]), 0 for the
+        /// allocator's own pools. Omitted from the JSON when 0.
+        ///
+        /// [`MemPoolId::get`]: crate::alloc::MemPoolId::get
+        #[serde(default, skip_serializing_if = "is_zero")]
+        pool: u64,
     },
     /// The owner freed allocation `id`.
     FreeRequested {
@@ -88,6 +95,26 @@ pub enum TraceEvent {
     },
     /// The caller asked to empty the cache.
     EmptyCache,
+    /// The caller made private pool `pool` with these options (or it was live when
+    /// recording started).
+    PoolCreate {
+        /// The pool's number ([`MemPoolId::get`](crate::alloc::MemPoolId::get)).
+        pool: u64,
+        /// [`MemPoolOptions::no_split`](crate::alloc::MemPoolOptions::no_split).
+        no_split: bool,
+        /// [`MemPoolOptions::use_on_oom`](crate::alloc::MemPoolOptions::use_on_oom).
+        use_on_oom: bool,
+    },
+    /// The caller asked private pool `pool` to return its wholly free segments.
+    PoolEmptyCache {
+        /// The pool's number.
+        pool: u64,
+    },
+    /// The caller let private pool `pool` go.
+    PoolRelease {
+        /// The pool's number.
+        pool: u64,
+    },
     /// A request of `size` bytes failed with out-of-memory.
     Oom {
         /// The requested size, in bytes.
@@ -112,8 +139,15 @@ impl TraceEvent {
                 | TraceEvent::FreeRequested { .. }
                 | TraceEvent::RecordStream { .. }
                 | TraceEvent::EmptyCache
+                | TraceEvent::PoolCreate { .. }
+                | TraceEvent::PoolEmptyCache { .. }
+                | TraceEvent::PoolRelease { .. }
         )
     }
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// The names of [`TraceEvent`]'s variants, as its `op` field spells them.
@@ -130,6 +164,9 @@ enum Op {
     SegmentUnmap,
     EmptyCache,
     Oom,
+    PoolCreate,
+    PoolEmptyCache,
+    PoolRelease,
 }
 
 /// Every field a [`TraceEvent`] can have, read in one pass with no buffering: an unknown
@@ -144,6 +181,9 @@ struct RawEvent {
     address: Option<u64>,
     rounded: Option<u64>,
     device_free: Option<u64>,
+    pool: Option<u64>,
+    no_split: Option<bool>,
+    use_on_oom: Option<bool>,
 }
 
 impl<'de> Deserialize<'de> for TraceEvent {
@@ -159,6 +199,7 @@ impl<'de> Deserialize<'de> for TraceEvent {
                 stream: need(raw.stream, "stream")?,
                 block_size: need(raw.block_size, "block_size")?,
                 address: need(raw.address, "address")?,
+                pool: raw.pool.unwrap_or(0),
             },
             Op::FreeRequested => TraceEvent::FreeRequested {
                 id: need(raw.id, "id")?,
@@ -195,6 +236,17 @@ impl<'de> Deserialize<'de> for TraceEvent {
                 stream: need(raw.stream, "stream")?,
                 rounded: raw.rounded.unwrap_or(0),
                 device_free: raw.device_free.unwrap_or(0),
+            },
+            Op::PoolCreate => TraceEvent::PoolCreate {
+                pool: need(raw.pool, "pool")?,
+                no_split: raw.no_split.unwrap_or(false),
+                use_on_oom: raw.use_on_oom.unwrap_or(false),
+            },
+            Op::PoolEmptyCache => TraceEvent::PoolEmptyCache {
+                pool: need(raw.pool, "pool")?,
+            },
+            Op::PoolRelease => TraceEvent::PoolRelease {
+                pool: need(raw.pool, "pool")?,
             },
         })
     }
@@ -238,7 +290,8 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// The inputs: mallocs, frees, stream records and cache flushes, in order.
+    /// The inputs: mallocs, frees, stream records, cache flushes and what the caller did with
+    /// private pools, in order.
     pub fn operations(&self) -> impl Iterator<Item = &TraceEvent> {
         self.events.iter().filter(|e| e.is_input())
     }
