@@ -213,6 +213,15 @@ pub struct AllocatorConfig {
     /// written before the key existed used PyTorch's rule and read back as it.
     #[serde(default)]
     pub cross_stream_reuse: bool,
+    /// Whether a large request that none of its stream's cached blocks can serve, about to
+    /// take a new segment of `n` bytes, first returns up to `n` bytes of the stream's wholly
+    /// free large segments to the device, smallest first (the default): a working set that
+    /// climbs (longer sequences, a larger batch) replaces the segments it outgrew instead of
+    /// keeping them beside the new ones. `release_outgrown:false` keeps them until an
+    /// out-of-memory, as PyTorch does. Files written before the key existed used PyTorch's rule
+    /// and read back as it.
+    #[serde(default)]
+    pub release_outgrown: bool,
     /// PyTorch's `throw_on_cudamalloc_oom` (off by default): with a memory fraction below 1, a
     /// request whose new device memory would take reserved memory above the fraction's cap
     /// fails at once with [`AllocError::Rejected`](crate::alloc::AllocError::Rejected),
@@ -228,7 +237,8 @@ pub struct AllocatorConfig {
     /// sees an out-of-bounds access past a block as one past its allocation. The statistics
     /// keep their meaning (a segment per live block). Placement keys (`max_split_size_mb`,
     /// `roundup_power2_divisions`, `garbage_collection_threshold`, `pool_borrowing`,
-    /// `cross_stream_reuse`) have nothing to act on; `expandable_segments` is refused with it.
+    /// `cross_stream_reuse`, `release_outgrown`) have nothing to act on;
+    /// `expandable_segments` is refused with it.
     #[serde(default)]
     pub no_cuda_memory_caching: bool,
     /// The pinned host pool that stages copies between host and device (CUDA only; wgpu has
@@ -287,6 +297,7 @@ impl Default for AllocatorConfig {
             segment_sizing: SegmentSizing::Grow,
             pool_borrowing: true,
             cross_stream_reuse: true,
+            release_outgrown: true,
             throw_on_cudamalloc_oom: false,
             no_cuda_memory_caching: false,
             pinned: PinnedHostConfig::default(),
@@ -440,7 +451,7 @@ macro_rules! key {
 }
 
 /// Every key the configuration string accepts, one row each (a new key is a new row).
-const KEYS: [Key; 16] = [
+const KEYS: [Key; 17] = [
     key!("expandable_segments", |config, key, value| {
         config.expandable_segments = parse_true_false(key, value)?
     }),
@@ -456,6 +467,9 @@ const KEYS: [Key; 16] = [
     }),
     key!("cross_stream_reuse", |config, key, value| {
         config.cross_stream_reuse = parse_true_false(key, value)?
+    }),
+    key!("release_outgrown", |config, key, value| {
+        config.release_outgrown = parse_true_false(key, value)?
     }),
     key!("throw_on_cudamalloc_oom", |config, key, value| {
         config.throw_on_cudamalloc_oom = parse_true_false(key, value)?

@@ -16,9 +16,10 @@ pub const S1: DeviceStream = DeviceStream(1);
 
 /// An allocator over a simulated device of `capacity` bytes, configured by `config` under
 /// PyTorch's rules (`segment_sizing:pytorch`, `pool_borrowing:false`,
-/// `cross_stream_reuse:false`) for each of the three keys
+/// `cross_stream_reuse:false`, `release_outgrown:false`) for each of the four keys
 /// `config` does not name: the engine tests check PyTorch's layouts by number; `rounding.rs`,
-/// `borrowing.rs` and the property tests check the defaults that differ.
+/// `borrowing.rs`, `cross_stream.rs`, `outgrown.rs` and the property tests check the defaults
+/// that differ.
 pub fn allocator(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, SimDevice) {
     let device = SimDevice::new(capacity);
     let mut items: Vec<&str> = config.split(',').filter(|item| !item.is_empty()).collect();
@@ -26,6 +27,7 @@ pub fn allocator(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, S
         ("segment_sizing", "segment_sizing:pytorch"),
         ("pool_borrowing", "pool_borrowing:false"),
         ("cross_stream_reuse", "cross_stream_reuse:false"),
+        ("release_outgrown", "release_outgrown:false"),
     ] {
         if !config.contains(key) {
             items.push(pytorch);

@@ -205,6 +205,30 @@ fn cross_stream_reuse_is_on_by_default_and_old_files_read_as_pytorch() {
 }
 
 #[test]
+fn release_outgrown_is_on_by_default_and_old_files_read_as_pytorch() {
+    assert!(AllocatorConfig::default().release_outgrown);
+    assert!(
+        !AllocatorConfig::parse("release_outgrown:False")
+            .unwrap()
+            .release_outgrown
+    );
+    assert_eq!(
+        AllocatorConfig::parse("release_outgrown:2").unwrap_err(),
+        ConfigError::InvalidValue {
+            key: "release_outgrown".into(),
+            value: "2".into(),
+            expected: "True or False".into(),
+        }
+    );
+    // A configuration serialised before the key existed kept every segment until an OOM.
+    let mut json = serde_json::to_value(AllocatorConfig::default()).unwrap();
+    assert_eq!(json["release_outgrown"], true);
+    json.as_object_mut().unwrap().remove("release_outgrown");
+    let old: AllocatorConfig = serde_json::from_value(json).unwrap();
+    assert!(!old.release_outgrown);
+}
+
+#[test]
 fn errors_name_the_key_and_the_accepted_range() {
     let err = AllocatorConfig::parse("garbage_collection_threshold:1.5").unwrap_err();
     assert_eq!(

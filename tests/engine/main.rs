@@ -20,6 +20,7 @@ mod miss_path;
 mod no_caching;
 mod oom_rejection;
 mod oom_report;
+mod outgrown;
 mod panics;
 mod parity;
 mod pools;

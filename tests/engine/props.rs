@@ -761,10 +761,11 @@ fn run(setup: (&'static str, Option<u64>), ops: Vec<Op>) {
     }
     // The model keeps PyTorch's per-stream caches: `cross_stream_reuse` (the engine's
     // `sharing`, whose fences the model does not follow) is off here and checked by
-    // `cross_stream.rs`.
+    // `cross_stream.rs`; so is `release_outgrown` (checked by `outgrown.rs`, and with every
+    // other default by the invariant-only fuzz of `fuzz.rs`).
     let config_text = match config_text {
-        "" => "cross_stream_reuse:false".to_string(),
-        text => format!("{text},cross_stream_reuse:false"),
+        "" => "cross_stream_reuse:false,release_outgrown:false".to_string(),
+        text => format!("{text},cross_stream_reuse:false,release_outgrown:false"),
     };
     let config = AllocatorConfig::parse(&config_text).expect("test config parses");
     let alloc = CachingAllocator::new(device.clone(), config.clone()).unwrap();

@@ -19,7 +19,9 @@
 //!    garbage if a threshold and a memory fraction below 1 are set (whole free large segments
 //!    at least the mean age, by large-pool searches since cached);
 //! 4. allocate a new segment from the device (refused up front if it would break the
-//!    per-process memory fraction);
+//!    per-process memory fraction); for a large request, the stream's wholly free large
+//!    segments it outgrew go back to the device first, up to the new segment's size
+//!    (`release_outgrown`, ours, on by default: see `release`);
 //! 5. if that fails, free cached oversize blocks and retry;
 //! 6. if that fails, synchronise pending events, free every unsplit cached segment and retry
 //!    (`num_alloc_retries` += 1);
@@ -481,6 +483,9 @@ impl<D: DeviceMemory> Engine<D> {
             }
         }
         self.reject_over_cap(size, new_segment, stream)?;
+        if mem.is_none() && pool == PoolKind::Large {
+            self.release_outgrown(stream, rounded, new_segment);
+        }
         let mut block = self.new_memory(mem, new_segment, pool, stream, rounded)?;
         if block.is_none()
             && mem.is_none()

@@ -146,6 +146,58 @@ impl<D: DeviceMemory> Engine<D> {
         Ok(released >= wanted)
     }
 
+    /// `release_outgrown` (ours, on by default): a large request of the allocator's own pools
+    /// (a block of `rounded` bytes) that none of `stream`'s cached blocks could serve is about
+    /// to take a new segment of `new_segment` bytes; `stream`'s wholly free large segments
+    /// smaller than the block (outgrown: none could ever serve it) go back to the device
+    /// first, smallest first, until `new_segment` bytes did. The bytes returned; a device
+    /// that refuses a segment back ends the release there (logged), and the request goes on.
+    ///
+    /// A working set that climbs (the first long sequence after short ones) then trades the
+    /// segments it outgrew for the new one instead of keeping both: reserved memory follows
+    /// the largest working set, not the sum of every size it passed through. Nothing else
+    /// changes: a segment with a live or pending block is never touched, nor one at least as
+    /// large as the block (kept whole by `max_split_size`, say: PyTorch's rules decide about
+    /// those), an expandable segment maps pages instead (its free pages already go back), and
+    /// the segments returned had no work pending (free blocks are listed only once their
+    /// events completed). The cost is a device free per segment returned, paid at a climb, not
+    /// at every step: once the working set has reached its largest size, every request fits a
+    /// cached block again.
+    pub(super) fn release_outgrown(
+        &mut self,
+        stream: DeviceStream,
+        rounded: u64,
+        new_segment: u64,
+    ) -> u64 {
+        if !self.config.release_outgrown || self.expandable() {
+            return 0;
+        }
+        let mut candidates: Vec<(u64, BlockId)> = self
+            .free_list_ref(PoolKind::Large)
+            .largest_first(stream)
+            .filter(|(size, block)| {
+                *size < rounded
+                    && !self.blocks[*block].is_split()
+                    && !self.in_expandable_segment(*block)
+            })
+            .collect();
+        candidates.reverse();
+        let mut released = 0;
+        for (size, block) in candidates {
+            if released >= new_segment {
+                break;
+            }
+            // The request does not depend on this: a device that refuses a segment back
+            // keeps it cached (as `empty_cache` leaves it) and the request goes on.
+            if let Err(err) = self.release_segment(block) {
+                log::warn!("caching allocator: returning an outgrown segment failed ({err})");
+                break;
+            }
+            released += size;
+        }
+        released
+    }
+
     /// Completes every pending free (waiting on its events), then returns every whole free
     /// segment of both pools to the device. Returns the bytes released; stops at the first
     /// failure.
