@@ -51,3 +51,50 @@ fn mlp_trains_on_caching_cuda_unfused_and_memory_settles() {
     };
     train_and_check::<Autodiff<CachingCudaUnfused>>(&CudaDevice::default(), SHAPE);
 }
+
+/// Issue 37 on a real GPU: a tensor made under `use_mem_pool` takes the private pool's memory
+/// on `CachingCuda`, its bytes read back exactly through the pinned staging pool, and both
+/// pools' numbers say so: the pool holds the tensor's block and the pinned host pool counts
+/// the upload's and the read's staging buffers (`host_*` in `memory_stats`). Dropping the
+/// tensor and the pool returns the pool's memory.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_private_pool_and_the_pinned_host_pool_on_caching_cuda() {
+    use burn::tensor::{Tensor, TensorData};
+    use burn_caching_alloc::alloc::MemPoolOptions;
+    use burn_caching_alloc::backend::{self, MemPool, use_mem_pool};
+
+    let Some(_turn) = cuda_turn() else {
+        return;
+    };
+    let device = CudaDevice::default();
+    const ELEMENTS: usize = 1 << 20; // 4 MiB of f32: staged through pinned buffers
+    let values: Vec<f32> = (0..ELEMENTS).map(|i| (i % 1000) as f32).collect();
+    let pool = MemPool::new(&device, MemPoolOptions::default()).expect("a pool");
+    let tensor = {
+        let _inside = use_mem_pool(&pool);
+        Tensor::<CachingCuda, 1>::from_data(TensorData::new(values.clone(), [ELEMENTS]), &device)
+    };
+    let back: Vec<f32> = tensor.to_data().to_vec().expect("f32 data");
+    assert_eq!(back, values);
+    let in_pool = pool.memory_stats();
+    assert!(
+        in_pool.allocated_bytes >= (ELEMENTS * 4) as u64,
+        "the tensor's block is the pool's: {in_pool:?}"
+    );
+    let host = backend::memory_stats(&device)
+        .host
+        .expect("CachingCuda has a pinned host pool");
+    assert!(
+        host.allocation.allocated >= 2,
+        "an upload and a read staged: {host:?}"
+    );
+    assert_eq!(
+        host.allocated_bytes.current, 0,
+        "no copy in flight: {host:?}"
+    );
+    drop(tensor);
+    drop(pool);
+    backend::empty_cache(&device);
+    assert_eq!(backend::memory_reserved(&device), 0);
+}
