@@ -156,76 +156,39 @@ fn segment_sizing_names_the_rule_and_old_files_read_as_pytorch() {
     assert_eq!(old.segment_sizing, SegmentSizing::Pytorch);
 }
 
+/// Our boolean rules (`pool_borrowing`, `cross_stream_reuse`, `release_outgrown`): on by
+/// default, off by their key, a bad value an error naming the key, and a configuration
+/// serialised before the key existed (in a snapshot) reads back with PyTorch's rule (off).
 #[test]
-fn pool_borrowing_is_on_by_default_and_old_files_read_as_pytorch() {
-    assert!(AllocatorConfig::default().pool_borrowing);
-    assert!(
-        !AllocatorConfig::parse("pool_borrowing:False")
-            .unwrap()
-            .pool_borrowing
-    );
-    assert_eq!(
-        AllocatorConfig::parse("pool_borrowing:off").unwrap_err(),
-        ConfigError::InvalidValue {
-            key: "pool_borrowing".into(),
-            value: "off".into(),
-            expected: "True or False".into(),
+fn our_rules_are_on_by_default_and_old_files_read_as_pytorch() {
+    type Rule = fn(&AllocatorConfig) -> bool;
+    let rules: [(&str, &str, Rule); 3] = [
+        ("pool_borrowing", "off", |c| c.pool_borrowing),
+        ("cross_stream_reuse", "yes", |c| c.cross_stream_reuse),
+        ("release_outgrown", "2", |c| c.release_outgrown),
+    ];
+    for (key, bad, rule) in rules {
+        assert!(rule(&AllocatorConfig::default()), "{key}");
+        for off in ["False", "false", "0"] {
+            assert!(
+                !rule(&AllocatorConfig::parse(&format!("{key}:{off}")).unwrap()),
+                "{key}:{off}"
+            );
         }
-    );
-    // A configuration serialised before the key existed kept PyTorch's pools.
-    let mut json = serde_json::to_value(AllocatorConfig::default()).unwrap();
-    assert_eq!(json["pool_borrowing"], true);
-    json.as_object_mut().unwrap().remove("pool_borrowing");
-    let old: AllocatorConfig = serde_json::from_value(json).unwrap();
-    assert!(!old.pool_borrowing);
-}
-
-#[test]
-fn cross_stream_reuse_is_on_by_default_and_old_files_read_as_pytorch() {
-    assert!(AllocatorConfig::default().cross_stream_reuse);
-    assert!(
-        !AllocatorConfig::parse("cross_stream_reuse:false")
-            .unwrap()
-            .cross_stream_reuse
-    );
-    assert_eq!(
-        AllocatorConfig::parse("cross_stream_reuse:yes").unwrap_err(),
-        ConfigError::InvalidValue {
-            key: "cross_stream_reuse".into(),
-            value: "yes".into(),
-            expected: "True or False".into(),
-        }
-    );
-    // A configuration serialised before the key existed kept PyTorch's per-stream rule.
-    let mut json = serde_json::to_value(AllocatorConfig::default()).unwrap();
-    assert_eq!(json["cross_stream_reuse"], true);
-    json.as_object_mut().unwrap().remove("cross_stream_reuse");
-    let old: AllocatorConfig = serde_json::from_value(json).unwrap();
-    assert!(!old.cross_stream_reuse);
-}
-
-#[test]
-fn release_outgrown_is_on_by_default_and_old_files_read_as_pytorch() {
-    assert!(AllocatorConfig::default().release_outgrown);
-    assert!(
-        !AllocatorConfig::parse("release_outgrown:False")
-            .unwrap()
-            .release_outgrown
-    );
-    assert_eq!(
-        AllocatorConfig::parse("release_outgrown:2").unwrap_err(),
-        ConfigError::InvalidValue {
-            key: "release_outgrown".into(),
-            value: "2".into(),
-            expected: "True or False".into(),
-        }
-    );
-    // A configuration serialised before the key existed kept every segment until an OOM.
-    let mut json = serde_json::to_value(AllocatorConfig::default()).unwrap();
-    assert_eq!(json["release_outgrown"], true);
-    json.as_object_mut().unwrap().remove("release_outgrown");
-    let old: AllocatorConfig = serde_json::from_value(json).unwrap();
-    assert!(!old.release_outgrown);
+        assert_eq!(
+            AllocatorConfig::parse(&format!("{key}:{bad}")).unwrap_err(),
+            ConfigError::InvalidValue {
+                key: key.into(),
+                value: bad.into(),
+                expected: "True or False".into(),
+            }
+        );
+        let mut json = serde_json::to_value(AllocatorConfig::default()).unwrap();
+        assert_eq!(json[key], true, "{key}");
+        json.as_object_mut().unwrap().remove(key);
+        let old: AllocatorConfig = serde_json::from_value(json).unwrap();
+        assert!(!rule(&old), "{key} of an old file");
+    }
 }
 
 #[test]
