@@ -3,14 +3,18 @@
 //!
 //! One process runs burn-collective's global orchestrator; each node process registers one
 //! peer per local device, and every step each peer computes the gradients of its shard of the
-//! batch, averages them with every other peer (`GradientsParams::all_reduce`: burn-collective
-//! sums the devices of a process with `to_device` and `add`, which run through the caching
-//! backend's `send`/`recv`, then the processes over WebSocket), and takes the same SGD step.
+//! batch, averages them with every other peer (burn-collective sums the devices of a process
+//! with `to_device` and `add`, which run through the caching backend's `send`/`recv`, then the
+//! processes over WebSocket), and takes the same SGD step. Within one process the gradients go
+//! through Burn's `GradientsParams::all_reduce`; across processes, where burn-collective 0.21.0
+//! completes one operation per registration, through one flattened all-reduce per step and one
+//! registration per step ([`node`] says why and how).
 //!
 //! - [`model`]: the small model, built identically on every process (values and `ParamId`s);
 //! - [`data`]: the deterministic batches and each peer's shard of them;
+//! - [`flat`]: a step's gradients as one tensor, for one all-reduce per step;
 //! - [`devices`]: the `--devices` names and the wgpu devices they open;
-//! - [`node`]: one node process: register, an all-reduce check, training, finish;
+//! - [`node`]: one node process: the all-reduce check and training, in registration rounds;
 //! - [`single`]: the same training on one device without burn-collective (the reference);
 //! - [`train`]: one SGD step, with or without the gradients' all-reduce;
 //! - [`report`]: the JSON lines every process prints (one per peer, one per device's memory).
@@ -20,6 +24,7 @@
 
 pub mod data;
 pub mod devices;
+pub mod flat;
 pub mod model;
 pub mod node;
 pub mod report;

@@ -20,9 +20,10 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Runs burn-collective's global orchestrator until Ctrl-C or SIGTERM (one per collective,
-    /// on any machine the nodes reach).
+    /// on any machine the nodes reach): two of them, on the port and the next, which the
+    /// nodes' registration rounds alternate between.
     Orchestrator {
-        /// The port it listens on (every interface).
+        /// The first of the two ports it listens on (every interface).
         #[arg(long, default_value_t = 3000)]
         port: u16,
     },
@@ -54,7 +55,12 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            println!("orchestrator on port {port} (Ctrl-C stops it)");
+            let Some(next) = port.checked_add(1) else {
+                eprintln!("error: port {port} has no next port for the second orchestrator");
+                return ExitCode::FAILURE;
+            };
+            println!("orchestrators on ports {port} and {next} (Ctrl-C stops them)");
+            runtime.spawn(burn_collective::start_global_orchestrator(next));
             runtime.block_on(burn_collective::start_global_orchestrator(port));
             ExitCode::SUCCESS
         }

@@ -8,7 +8,7 @@ use burn::optim::SgdConfig;
 use crate::data;
 use crate::model::Model;
 use crate::report::{PeerReport, Report};
-use crate::train;
+use crate::train::{self, GradientSync};
 
 /// Trains `steps` steps on `device`; returns the peer report (rank 0, peer 0, no all-reduce)
 /// and the device's memory report.
@@ -17,7 +17,13 @@ pub fn run(device: &WgpuDevice, steps: usize) -> [Report; 2] {
     let mut optim = SgdConfig::new().init();
     let mut losses = Vec::with_capacity(steps);
     for step in 0..steps {
-        let (next, loss) = train::step(model, &mut optim, &data::batch(step), device, None)
+        let (next, loss) = train::step(
+            model,
+            &mut optim,
+            &data::batch(step),
+            device,
+            GradientSync::None,
+        )
             .expect("no collective operation runs without a peer");
         model = next;
         losses.push(loss);
