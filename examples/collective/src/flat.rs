@@ -83,11 +83,8 @@ pub fn all_reduce<B: AutodiffBackend, M: AutodiffModule<B>>(
     let Some((flat, layout)) = flatten::<B, M>(&mut grads, model) else {
         return Ok(grads);
     };
-    let reduced = collective::all_reduce::<B::InnerBackend>(
-        peer,
-        flat.into_primitive().tensor(),
-        op,
-    )?;
+    let reduced =
+        collective::all_reduce::<B::InnerBackend>(peer, flat.into_primitive().tensor(), op)?;
     let reduced = Tensor::from_primitive(TensorPrimitive::Float(reduced));
     unflatten::<B, M>(reduced, &layout, model, &mut grads);
     Ok(grads)
@@ -132,8 +129,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Unflatten<'_, '_, B> {
         let len: usize = shape.iter().product();
         let part = self.flat.clone().narrow(0, self.offset, len).reshape(shape);
         self.offset += len;
-        self.grads
-            .register::<B::InnerBackend, D>(param.id, part);
+        self.grads.register::<B::InnerBackend, D>(param.id, part);
     }
 }
 
@@ -149,9 +145,19 @@ mod tests {
     fn values(grads: &GradientsParams) -> Vec<Vec<f32>> {
         let read = |t: Tensor<Backend, 1>| t.into_data().to_vec::<f32>().unwrap();
         vec![
-            read(grads.get::<Backend, 2>(ParamId::from(1)).unwrap().flatten(0, 1)),
+            read(
+                grads
+                    .get::<Backend, 2>(ParamId::from(1))
+                    .unwrap()
+                    .flatten(0, 1),
+            ),
             read(grads.get::<Backend, 1>(ParamId::from(2)).unwrap()),
-            read(grads.get::<Backend, 2>(ParamId::from(3)).unwrap().flatten(0, 1)),
+            read(
+                grads
+                    .get::<Backend, 2>(ParamId::from(3))
+                    .unwrap()
+                    .flatten(0, 1),
+            ),
             read(grads.get::<Backend, 1>(ParamId::from(4)).unwrap()),
         ]
     }
@@ -165,8 +171,7 @@ mod tests {
         let device = WgpuDevice::Cpu;
         let model = Model::<TrainBackend>::new(&device);
         let (inputs, targets) = data::batch(0).tensors::<TrainBackend>(&device);
-        let mut grads =
-            GradientsParams::from_grads(model.loss(inputs, targets).backward(), &model);
+        let mut grads = GradientsParams::from_grads(model.loss(inputs, targets).backward(), &model);
         let before = values(&grads);
 
         let (flat, layout) = flatten::<TrainBackend, _>(&mut grads, &model).unwrap();

@@ -31,11 +31,31 @@ pub mod report;
 pub mod single;
 pub mod train;
 
-/// The backend every peer computes on: the caching allocator under Burn's wgpu backend.
-/// burn-collective is given this inner backend, never the `Autodiff` one.
+/// The backend every peer computes on by default: the caching allocator under Burn's wgpu
+/// backend. burn-collective is given this inner backend, never the `Autodiff` one.
 pub type Backend = burn_caching_alloc::backend::CachingWgpu;
 /// The training backend.
 pub type TrainBackend = burn::backend::Autodiff<Backend>;
+/// The backend with `--backend cuda` (feature `cuda`): the caching allocator under Burn's CUDA
+/// backend. Everything but the device names is generic over the backend.
+#[cfg(feature = "cuda")]
+pub type CudaBackend = burn_caching_alloc::backend::CachingCuda;
+
+/// What the example asks of a backend: a Burn backend on the caching allocator's devices
+/// (`memory_stats`), whose devices the command line can name.
+pub trait PeerBackend: burn::tensor::backend::Backend<Device = Self::Named> {
+    /// The backend's device type.
+    type Named: burn_caching_alloc::backend::CachingDevice + devices::DeviceName;
+}
+
+impl PeerBackend for Backend {
+    type Named = burn::backend::wgpu::WgpuDevice;
+}
+
+#[cfg(feature = "cuda")]
+impl PeerBackend for CudaBackend {
+    type Named = burn::backend::cuda::CudaDevice;
+}
 
 /// SGD's learning rate: a power of two, so that a step on exact gradients is exact.
 pub const LEARNING_RATE: f64 = 1.0 / 64.0;

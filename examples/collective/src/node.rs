@@ -38,20 +38,22 @@ use std::str::FromStr;
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use burn::backend::wgpu::WgpuDevice;
+use burn::backend::Autodiff;
 use burn::collective::{
     self, AllReduceStrategy, CollectiveConfig, CollectiveError, PeerId, ReduceOperation,
 };
 use burn::optim::SgdConfig;
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
+use burn::tensor::backend::AutodiffBackend;
 use burn_communication::Address;
 
+use crate::PeerBackend;
 use crate::data::{self, ShardError};
+use crate::devices::{DeviceName, DeviceNameError};
 use crate::model::Model;
 use crate::report::{PeerReport, Report, check_values};
 use crate::train::{self, GradientSync};
-use crate::Backend;
 
 /// Where this node is and what it trains (the `node` subcommand's options).
 #[derive(Debug, Clone, clap::Args)]
@@ -74,10 +76,10 @@ pub struct NodeConfig {
     /// The number of node processes.
     #[arg(long)]
     pub world_size: usize,
-    /// The local devices, comma-separated, one peer each: default, cpu, discrete:N,
-    /// integrated:N, virtual:N. Every node must have as many.
-    #[arg(long, value_delimiter = ',', default_value = "default", value_parser = crate::devices::parse)]
-    pub devices: Vec<WgpuDevice>,
+    /// The local devices, comma-separated, one peer each: on wgpu default, cpu, discrete:N,
+    /// integrated:N, virtual:N; on CUDA cuda:N or N. Every node must have as many.
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    pub devices: Vec<String>,
     /// Training steps.
     #[arg(long, default_value_t = 20)]
     pub steps: usize,
@@ -98,6 +100,9 @@ pub enum NodeError {
         /// The number of devices given.
         devices: usize,
     },
+    /// A device name the backend does not have.
+    #[error(transparent)]
+    Device(#[from] DeviceNameError),
     /// The peers cannot share the batch.
     #[error(transparent)]
     Shard(#[from] ShardError),
@@ -187,9 +192,16 @@ impl NodeConfig {
     }
 }
 
-/// Runs the node; returns each peer's report and each device's memory report, in device
-/// order.
-pub fn run(config: &NodeConfig) -> Result<Vec<Report>, NodeError> {
+/// Runs the node on backend `B`; returns each peer's report and each device's memory report,
+/// in device order.
+///
+/// # Errors
+///
+/// A bad layout, device name or address, and burn-collective's errors.
+pub fn run<B: PeerBackend>(config: &NodeConfig) -> Result<Vec<Report>, NodeError>
+where
+    Autodiff<B>: AutodiffBackend<Device = B::Device>,
+{
     if config.rank >= config.world_size || config.devices.is_empty() {
         return Err(NodeError::Layout {
             rank: config.rank,
@@ -198,10 +210,14 @@ pub fn run(config: &NodeConfig) -> Result<Vec<Report>, NodeError> {
         });
     }
     data::check_peers(config.peers())?;
+    let devices = config
+        .devices
+        .iter()
+        .map(|name| B::Device::parse(name))
+        .collect::<Result<Vec<_>, _>>()?;
     let rounds = config.rounds()?;
     let barrier = Arc::new(Barrier::new(config.devices.len()));
-    let handles: Vec<_> = config
-        .devices
+    let handles: Vec<_> = devices
         .iter()
         .enumerate()
         .map(|(local, device)| {
@@ -209,7 +225,7 @@ pub fn run(config: &NodeConfig) -> Result<Vec<Report>, NodeError> {
             let (config, rounds, device) = (config.clone(), rounds.clone(), device.clone());
             let barrier = barrier.clone();
             let handle = thread::spawn(move || {
-                run_peer(&config, &rounds, &barrier, peer, &device)
+                run_peer::<B>(&config, &rounds, &barrier, peer, &device)
                     .map_err(|error| NodeError::Collective { peer, error })
             });
             (peer, handle)
@@ -221,16 +237,16 @@ pub fn run(config: &NodeConfig) -> Result<Vec<Report>, NodeError> {
             handle.join().map_err(|_| NodeError::Panicked(peer))??,
         ));
     }
-    for device in &config.devices {
+    for device in &devices {
         reports.push(Report::memory(config.rank, device));
     }
     Ok(reports)
 }
 
 /// A peer's registrations: one for a process alone, one per global operation otherwise.
-struct Registration<'a> {
+struct Registration<'a, B: PeerBackend> {
     id: PeerId,
-    device: &'a WgpuDevice,
+    device: &'a B::Device,
     rounds: &'a Rounds,
     barrier: &'a Barrier,
     /// The next round to register.
@@ -238,13 +254,13 @@ struct Registration<'a> {
     registered: bool,
 }
 
-impl Registration<'_> {
+impl<B: PeerBackend> Registration<'_, B> {
     /// Registers for the next operation, unless still registered from the last one (one
     /// process).
     fn enter(&mut self) -> Result<(), CollectiveError> {
         if !self.registered {
             let config = self.rounds.config(self.round);
-            collective::register::<Backend>(self.id, self.device.clone(), config)?;
+            collective::register::<B>(self.id, self.device.clone(), config)?;
             self.round += 1;
             self.registered = true;
         }
@@ -265,23 +281,26 @@ impl Registration<'_> {
     fn finish(&mut self) -> Result<(), CollectiveError> {
         if self.registered {
             self.registered = false;
-            collective::finish_collective::<Backend>(self.id)?;
+            collective::finish_collective::<B>(self.id)?;
         }
         Ok(())
     }
 }
 
 /// One peer: the all-reduce check, training, each in its registration round(s).
-fn run_peer(
+fn run_peer<B: PeerBackend>(
     config: &NodeConfig,
     rounds: &Rounds,
     barrier: &Barrier,
     peer: usize,
-    device: &WgpuDevice,
-) -> Result<PeerReport, CollectiveError> {
+    device: &B::Device,
+) -> Result<PeerReport, CollectiveError>
+where
+    Autodiff<B>: AutodiffBackend<Device = B::Device>,
+{
     let id = PeerId::from(peer);
     let peers = config.peers();
-    let mut registration = Registration {
+    let mut registration = Registration::<B> {
         id,
         device,
         rounds,
@@ -291,13 +310,10 @@ fn run_peer(
     };
 
     registration.enter()?;
-    let input = Tensor::<Backend, 1>::from_floats(check_values(peer).as_slice(), device);
-    let summed = collective::all_reduce::<Backend>(
-        id,
-        input.into_primitive().tensor(),
-        ReduceOperation::Sum,
-    )?;
-    let all_reduce = Tensor::<Backend, 1>::from_primitive(TensorPrimitive::Float(summed))
+    let input = Tensor::<B, 1>::from_floats(check_values(peer).as_slice(), device);
+    let summed =
+        collective::all_reduce::<B>(id, input.into_primitive().tensor(), ReduceOperation::Sum)?;
+    let all_reduce = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(summed))
         .into_data()
         .to_vec::<f32>()
         .expect("f32 tensor");
@@ -307,13 +323,13 @@ fn run_peer(
         Rounds::Local(_) => GradientSync::PerParameter(id),
         Rounds::Global(_) => GradientSync::Flattened(id),
     };
-    let mut model = Model::new(device);
+    let mut model = Model::<Autodiff<B>>::new(device);
     let mut optim = SgdConfig::new().init();
     let mut losses = Vec::with_capacity(config.steps);
     for step in 0..config.steps {
         let shard = data::shard(step, peer, peers).expect("checked before the peers started");
         registration.enter()?;
-        let (next, loss) = train::step(model, &mut optim, &shard, device, sync)?;
+        let (next, loss) = train::step::<B>(model, &mut optim, &shard, device, sync)?;
         registration.leave()?;
         model = next;
         losses.push(loss);
@@ -341,10 +357,16 @@ mod tests {
 
     #[test]
     fn the_next_port_of_an_address() {
-        assert_eq!(port_plus("ws://10.0.0.1:3000", 1).unwrap(), "ws://10.0.0.1:3001");
+        assert_eq!(
+            port_plus("ws://10.0.0.1:3000", 1).unwrap(),
+            "ws://10.0.0.1:3001"
+        );
         assert_eq!(port_plus("ws://[::1]:80", 0).unwrap(), "ws://[::1]:80");
         for bad in ["ws://host", "ws://host:x", "ws://host:65535"] {
-            assert!(matches!(port_plus(bad, 1), Err(NodeError::Address(..))), "{bad}");
+            assert!(
+                matches!(port_plus(bad, 1), Err(NodeError::Address(..))),
+                "{bad}"
+            );
         }
     }
 }
