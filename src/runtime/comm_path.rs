@@ -3,8 +3,10 @@
 //!
 //! Chosen by `BURN_CACHING_ALLOC_COMM=auto|nccl|host`, or in code with
 //! [`set_communication`] (which takes precedence). Process-wide, because every member of a
-//! group must take the same path: read at each transfer and collective, so change it only
-//! between steps, never while a transfer or an all-reduce is in flight.
+//! group must take the same path. Read by `send` at each transfer (the path travels with what
+//! `send` posts, so its `recv` ends it the same way whatever the setting is by then) and by
+//! each member at each collective: change it only between steps, never while an all-reduce is
+//! in flight (members that read different paths wait for each other on different paths).
 //!
 //! - `auto` (the default): peer copies for `to_device`; NCCL for `all_reduce` when `libnccl`
 //!   loads, else the host path with one warning;
@@ -64,8 +66,9 @@ impl Communication {
 static CHOSEN: AtomicU8 = AtomicU8::new(0);
 
 /// Chooses the communication path for every device of the process, over
-/// `BURN_CACHING_ALLOC_COMM`. Takes effect at the next transfer or collective: call it between
-/// steps, when nothing is in flight between devices.
+/// `BURN_CACHING_ALLOC_COMM`. Takes effect at the next transfer (a transfer already sent ends on
+/// the path it was sent on) or collective: call it between steps, when no all-reduce is in
+/// flight.
 pub fn set_communication(path: Communication) {
     CHOSEN.store(path.code(), Ordering::Relaxed);
 }
