@@ -335,4 +335,22 @@ pub trait Driver: Send + Sized + 'static {
         let _ = (stream, collective);
         Ok(DeviceReduce::Host)
     }
+
+    /// This device's part of an all-reduce of `group` failed before or while it was issued
+    /// (`reason`): makes sure no other member waits for it on the device, and says which path
+    /// the group takes for this all-reduce, as [`Driver::all_reduce`] would have answered:
+    /// [`DeviceReduce::Host`] when the group reduces through host memory (the server then
+    /// contributes the failure to the host round, where the others meet it), else
+    /// [`DeviceReduce::Issued`] (the driver made the other members' collective end in an
+    /// error, e.g. by breaking the NCCL group).
+    fn abandon_all_reduce(
+        &mut self,
+        group: &[DeviceId],
+        dtype: ElemType,
+        op: &ReduceOperation,
+        reason: &ServerError,
+    ) -> DeviceReduce {
+        let _ = (group, dtype, op, reason);
+        DeviceReduce::Host
+    }
 }

@@ -3,8 +3,9 @@
 //! its own (fresh devices): `to_device` by peer copy along 0 -> 1 -> 2 -> 3, values exact and
 //! the source's blocks overwritten at once by new tensors, under every scheduler mode and
 //! several seeds; NCCL all-reduce (sum, mean) across two and four devices from one thread per
-//! device; out of memory on the destination as the allocator's error on its stream. The
-//! fake's contract log must stay empty (peer access, cross-context use, frees of memory in use).
+//! device; out of memory on the destination as the allocator's error on its stream; a member
+//! that fails before its NCCL call (its destination too small) breaking the group, so that the
+//! others get an error instead of waiting. The fake's contract log must stay empty (peer access, cross-context use, frees of memory in use).
 
 use burn::backend::cuda::CudaDevice;
 use burn_caching_alloc::cuda::CachingCudaRuntime;
@@ -33,6 +34,8 @@ fn four_devices(test: &str) -> Option<Fake> {
             Some(std::ffi::OsStr::new("1G,1G,1G,64M")),
         ),
         ("FAKE_CUDA_VMM", Some(std::ffi::OsStr::new("1"))),
+        // A member left waiting is reported (a violation) after this long, not 30 s.
+        ("FAKE_CUDA_DEADLOCK_SECS", Some(std::ffi::OsStr::new("10"))),
     ];
     in_child(test, &envs).then_some(fake)
 }
@@ -175,5 +178,82 @@ fn out_of_memory_on_the_destination_is_the_allocators_error_on_its_stream() {
         small.read_one(moved).expect("read").to_vec(),
         vec![2u8; 4096]
     );
+    fake.assert_no_violations();
+}
+
+/// One member of a 2- and then a 4-device group fails before its NCCL call (its destination
+/// holds fewer bytes than its source: the server refuses it before NCCL sees it). Without
+/// more, the others' `ncclAllReduce` would wait on their streams for it forever (the fake
+/// reports that as a deadlock after `FAKE_CUDA_DEADLOCK_SECS`, a violation). The failing
+/// member breaks the group (`Driver::abandon_all_reduce`): its communicators are aborted, which
+/// cancels the collectives already queued, and every member gets an error at its next sync;
+/// the group's next all-reduce fails at once on every member.
+#[test]
+fn a_member_that_fails_before_its_nccl_call_breaks_the_group_instead_of_hanging_the_others() {
+    let Some(fake) = four_devices(
+        "comm::a_member_that_fails_before_its_nccl_call_breaks_the_group_instead_of_hanging_the_others",
+    ) else {
+        return;
+    };
+    set_communication(Communication::Nccl);
+    for devices in [&[0usize, 1][..], &[0, 1, 2, 3][..]] {
+        let ids: Vec<_> = devices
+            .iter()
+            .map(|d| CudaDevice::new(*d).to_id())
+            .collect();
+        let errors: Vec<(usize, String, String)> = std::thread::scope(|scope| {
+            let threads: Vec<_> = devices
+                .iter()
+                .map(|&device| {
+                    let ids = ids.clone();
+                    scope.spawn(move || {
+                        let mut client: Client =
+                            CachingCudaRuntime::client(&CudaDevice::new(device));
+                        let reduce = |client: &mut Client, small: bool| {
+                            let src = client.create_from_slice(&[1u8; 4000]);
+                            let dst = match small {
+                                true => client.create_from_slice(&[0u8; 400]),
+                                false => src.clone(),
+                            };
+                            client.all_reduce(
+                                src,
+                                dst,
+                                ElemType::Float(FloatKind::F32),
+                                ids.clone(),
+                                ReduceOperation::Sum,
+                            );
+                            client.sync_collective();
+                            match cubecl_common::future::block_on(client.sync()) {
+                                Ok(()) => "no error".to_string(),
+                                Err(err) => err.to_string(),
+                            }
+                        };
+                        // The first member's destination is too small; the next time,
+                        // nobody's.
+                        let first = reduce(&mut client, device == devices[0]);
+                        let again = reduce(&mut client, false);
+                        (device, first, again)
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("a member"))
+                .collect()
+        });
+        for (device, first, again) in errors {
+            if device == devices[0] {
+                assert!(first.contains("into a buffer of 400 bytes"), "{first}");
+            } else {
+                assert!(first.contains("NCCL"), "device {device}: {first}");
+                assert!(
+                    first.contains("before its all-reduce"),
+                    "device {device}: {first}"
+                );
+            }
+            assert!(again.contains("NCCL"), "device {device}: {again}");
+        }
+    }
+    set_communication(Communication::Auto);
     fake.assert_no_violations();
 }

@@ -61,6 +61,7 @@ use super::super::driver::Driver;
 use super::CachingServer;
 use super::host_reduce;
 use super::ordering::release_completed;
+use super::peer::OnDevice;
 use super::post::{OFFICE, Posting, Route};
 use super::reserve;
 
@@ -367,13 +368,20 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
         if !group.contains(&self.device) || !self.comm.groups.contains(&group) {
             return Err(not_initialised(self.device, &group));
         }
-        if self.all_reduce_on_device(&src, &dst, dtype, stream_id, &op, &group) {
-            return Ok(());
-        }
+        let failed = match self.all_reduce_on_device(&src, &dst, dtype, stream_id, &op, &group) {
+            OnDevice::Done => return Ok(()),
+            OnDevice::Host => None,
+            OnDevice::HostFailed(err) => Some(err),
+        };
         let round = self.comm.next_round(&group);
         let len = src.size_in_used() as usize;
         // The member's one host copy: the read's own buffer, reduced in place if it is first.
-        let data = self.read_all(bytes_of(src, len), stream_id);
+        // A member that failed already contributes its error: the others meet it in the
+        // round instead of waiting for bytes that will not come.
+        let data = match failed {
+            Some(err) => Err(err),
+            None => self.read_all(bytes_of(src, len), stream_id),
+        };
         let reduced = COLLECTIVES.all_reduce(&group, round, self.device, data, dtype, &op);
         let written = reduced.and_then(|data| {
             if data.len() as u64 > dst.size_in_used() {

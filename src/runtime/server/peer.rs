@@ -48,6 +48,17 @@ fn generic(reason: String) -> ServerError {
     }
 }
 
+/// What the host path of an all-reduce has left to do after the device path.
+pub(super) enum OnDevice {
+    /// Nothing: issued on the device, or failed there with the error on the stream (every
+    /// other member gets an error too).
+    Done,
+    /// The whole all-reduce.
+    Host,
+    /// This member failed before its part: the error is its contribution to the round.
+    HostFailed(ServerError),
+}
+
 /// What `send` posts for the device path: the staging block as the peer copies it, and the
 /// state both servers share.
 pub(super) struct Parcel<D: Driver> {
@@ -155,8 +166,13 @@ impl<D: Driver> CachingServer<D> {
         }
     }
 
-    /// `all_reduce` on the device if the driver takes it; `false` leaves it to the host path.
-    /// A failure is kept on the stream (`true`: nothing left for the host path to do).
+    /// `all_reduce` on the device if the driver takes it, else what the host path has to do.
+    ///
+    /// A failure of this member before or at its collective (a destination too small, a
+    /// failed launch) must not leave the other members waiting for it: the driver is told
+    /// ([`Driver::abandon_all_reduce`]; NCCL's group is broken and its queued collectives
+    /// cancelled), and where the group takes the host path the failure is this member's
+    /// contribution to the host round ([`OnDevice::HostFailed`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn all_reduce_on_device(
         &mut self,
@@ -166,14 +182,17 @@ impl<D: Driver> CachingServer<D> {
         stream_id: StreamId,
         op: &ReduceOperation,
         group: &[DeviceId],
-    ) -> bool {
+    ) -> OnDevice {
         match self.try_all_reduce_on_device(src, dst, dtype, stream_id, op, group) {
-            Ok(DeviceReduce::Issued) => true,
-            Ok(DeviceReduce::Host) => false,
-            Err(err) => {
-                self.push_error(stream_id, err);
-                true
-            }
+            Ok(DeviceReduce::Issued) => OnDevice::Done,
+            Ok(DeviceReduce::Host) => OnDevice::Host,
+            Err(err) => match self.driver.abandon_all_reduce(group, dtype, op, &err) {
+                DeviceReduce::Host => OnDevice::HostFailed(err),
+                DeviceReduce::Issued => {
+                    self.push_error(stream_id, err);
+                    OnDevice::Done
+                }
+            },
         }
     }
 
