@@ -5,7 +5,8 @@
 //! several seeds; NCCL all-reduce (sum, mean) across two and four devices from one thread per
 //! device; out of memory on the destination as the allocator's error on its stream; a member
 //! that fails before its NCCL call (its destination too small) breaking the group, so that the
-//! others get an error instead of waiting. The fake's contract log must stay empty (peer access, cross-context use, frees of memory in use).
+//! others get an error instead of waiting; the host path's pinned staging reused round after
+//! round. The fake's contract log must stay empty (peer access, cross-context use, frees of memory in use).
 
 use burn::backend::cuda::CudaDevice;
 use burn_caching_alloc::cuda::CachingCudaRuntime;
@@ -252,6 +253,63 @@ fn a_member_that_fails_before_its_nccl_call_breaks_the_group_instead_of_hanging_
                 );
             }
             assert!(again.contains("NCCL"), "device {device}: {again}");
+        }
+    }
+    set_communication(Communication::Auto);
+    fake.assert_no_violations();
+}
+
+/// `cuMemHostAlloc` calls of `device`'s pinned pool so far.
+fn pinned_allocations(device: usize) -> u64 {
+    burn_caching_alloc::backend::memory_stats(&CudaDevice::new(device))
+        .host
+        .expect("CUDA has a pinned host pool")
+        .num_host_alloc()
+}
+
+/// The host path on CUDA (`BURN_CACHING_ALLOC_COMM=host`) stages every read and write through
+/// the device's pooled pinned buffers (`cuda/staging.rs`): after the first all-reduce and the
+/// first `to_device` of a size, the same again allocates no pinned memory on either device
+/// (each round's reads and writes take the buffers the last round gave back), and the values
+/// stay exact.
+#[test]
+fn the_host_path_reuses_its_pinned_staging_buffers_round_after_round() {
+    let Some(fake) =
+        four_devices("comm::the_host_path_reuses_its_pinned_staging_buffers_round_after_round")
+    else {
+        return;
+    };
+    set_communication(Communication::Host);
+    let len = 4 << 20;
+    let mut after_first = None;
+    for round in 0..4 {
+        let sums = all_reduce_on(&[0, 1], false);
+        for result in &sums {
+            for (i, got) in result.iter().enumerate() {
+                assert_eq!(*got, 2.0 * i as f32 + 1000.0, "round {round} element {i}");
+            }
+        }
+        let clients: Vec<Client> = (0..2)
+            .map(|i| CachingCudaRuntime::client(&CudaDevice::new(i)))
+            .collect();
+        let data = vec![round as u8 + 1; len];
+        let moved = move_to(
+            &clients[0],
+            &clients[1],
+            clients[0].create_from_slice(&data),
+            len,
+        );
+        assert_eq!(clients[1].read_one(moved).expect("read").to_vec(), data);
+        for client in &clients {
+            cubecl_common::future::block_on(client.sync()).expect("sync");
+        }
+        let allocations = (pinned_allocations(0), pinned_allocations(1));
+        match after_first {
+            None => {
+                assert!(allocations.0 > 0 && allocations.1 > 0, "{allocations:?}");
+                after_first = Some(allocations);
+            }
+            Some(first) => assert_eq!(allocations, first, "round {round}: new pinned memory"),
         }
     }
     set_communication(Communication::Auto);
