@@ -673,7 +673,7 @@ impl Driver for CudaDriver {
             data_type,
             size,
             op,
-        }) = nccl_path(collective.dtype, collective.op)?
+        }) = nccl_path(collective.path, collective.dtype, collective.op)?
         else {
             return Ok(DeviceReduce::Host);
         };
@@ -721,9 +721,10 @@ impl Driver for CudaDriver {
         group: &[DeviceId],
         dtype: ElemType,
         op: &ReduceOperation,
+        path: &Result<Communication, String>,
         reason: &ServerError,
     ) -> DeviceReduce {
-        match nccl_path(dtype, op) {
+        match nccl_path(path, dtype, op) {
             Ok(None) => DeviceReduce::Host,
             Ok(Some(path)) => {
                 // The other members may have queued their collective already: breaking the
@@ -746,11 +747,16 @@ struct NcclPath {
     op: c_int,
 }
 
-/// The path an all-reduce of `dtype` with `op` takes: NCCL, `None` for the host path, or the
-/// error of `BURN_CACHING_ALLOC_COMM=nccl` without the library. The same answer on every
-/// member of a group: it depends only on the process's setting and library and on the call.
-fn nccl_path(dtype: ElemType, op: &ReduceOperation) -> Result<Option<NcclPath>, ServerError> {
-    let path = communication().map_err(generic)?;
+/// The path an all-reduce of `dtype` with `op` takes under the members' agreed setting `path`:
+/// NCCL, `None` for the host path, or the error of `BURN_CACHING_ALLOC_COMM=nccl` without the
+/// library. The same answer on every member of a group: it depends only on the agreed
+/// setting, the process's library and the call.
+fn nccl_path(
+    path: &Result<Communication, String>,
+    dtype: ElemType,
+    op: &ReduceOperation,
+) -> Result<Option<NcclPath>, ServerError> {
+    let path = path.clone().map_err(generic)?;
     if path == Communication::Host {
         return Ok(None);
     }

@@ -315,3 +315,68 @@ fn the_host_path_reuses_its_pinned_staging_buffers_round_after_round() {
     set_communication(Communication::Auto);
     fake.assert_no_violations();
 }
+
+/// `set_communication` between two members' calls of one all-reduce: the second takes the
+/// path the first read (NCCL here), not the new setting (the host path, where it would wait
+/// for a first member that is on NCCL, forever). The next all-reduce takes the new setting.
+/// (The other order, host first, cannot be staged from one thread: the first member's host
+/// part blocks its device thread until the second arrives; `comm_path`'s unit test covers the
+/// agreement both ways.)
+#[test]
+fn members_of_one_all_reduce_take_the_path_the_first_read_when_the_setting_changes_between() {
+    let Some(fake) = four_devices(
+        "comm::members_of_one_all_reduce_take_the_path_the_first_read_when_the_setting_changes_between",
+    ) else {
+        return;
+    };
+    let mut clients: Vec<Client> = (0..2)
+        .map(|i| CachingCudaRuntime::client(&CudaDevice::new(i)))
+        .collect();
+    let ids: Vec<_> = (0..2).map(|d| CudaDevice::new(d).to_id()).collect();
+    let f32s =
+        |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_ne_bytes()).collect() };
+    let buffers: Vec<Handle> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, client)| client.create_from_slice(&f32s(&[1.0 + i as f32, 10.0])))
+        .collect();
+    let mut reduce = |member: usize| {
+        let client = &mut clients[member];
+        client.all_reduce(
+            buffers[member].clone(),
+            buffers[member].clone(),
+            ElemType::Float(FloatKind::F32),
+            ids.clone(),
+            ReduceOperation::Sum,
+        );
+        client.sync_collective();
+        // A call the device thread answers: this member's part has run by then (NCCL only
+        // queues it).
+        client.memory_usage().expect("usage");
+    };
+    set_communication(Communication::Nccl);
+    reduce(0);
+    set_communication(Communication::Host);
+    reduce(1);
+    assert_eq!(fake.calls("ncclAllReduce"), 2, "both members on NCCL");
+    for (member, buffer) in buffers.iter().enumerate() {
+        let got = clients[member]
+            .read_one(buffer.clone())
+            .expect("read")
+            .to_vec();
+        assert_eq!(got, f32s(&[3.0, 20.0]));
+    }
+    // The next one reads the new setting: the host path, from a thread per member.
+    for result in all_reduce_on(&[0, 1], false) {
+        for (i, got) in result.iter().enumerate() {
+            assert_eq!(*got, 2.0 * i as f32 + 1000.0);
+        }
+    }
+    assert_eq!(
+        fake.calls("ncclAllReduce"),
+        2,
+        "no NCCL call on the host path"
+    );
+    set_communication(Communication::Auto);
+    fake.assert_no_violations();
+}

@@ -57,6 +57,7 @@ use cubecl_runtime::server::{
 };
 use parking_lot::{Condvar, Mutex};
 
+use super::super::comm_path;
 use super::super::driver::Driver;
 use super::CachingServer;
 use super::host_reduce;
@@ -65,11 +66,13 @@ use super::peer::OnDevice;
 use super::post::{OFFICE, Posting, Route};
 use super::reserve;
 
-/// The groups a server joined with `comm_init`, and how many all-reduces it ran in each.
+/// The groups a server joined with `comm_init`, how many all-reduces it ran in each on the
+/// host path (`rounds`) and in all (`calls`).
 #[derive(Debug, Default)]
 pub(super) struct CommState {
     groups: HashSet<Vec<DeviceId>>,
     rounds: HashMap<Vec<DeviceId>, u64>,
+    calls: HashMap<Vec<DeviceId>, u64>,
 }
 
 impl CommState {
@@ -80,7 +83,15 @@ impl CommState {
             .any(|group| group.contains(&me) && group.contains(&peer))
     }
 
-    /// The number of the next all-reduce of `group` on this server.
+    /// The number of the next all-reduce of `group` on this server, whatever its path: the
+    /// k-th of every member is the same all-reduce.
+    fn next_call(&mut self, group: &[DeviceId]) -> u64 {
+        let call = self.calls.entry(group.to_vec()).or_default();
+        *call += 1;
+        *call
+    }
+
+    /// The number of the next all-reduce of `group` on this server's host path.
     fn next_round(&mut self, group: &[DeviceId]) -> u64 {
         let round = self.rounds.entry(group.to_vec()).or_default();
         *round += 1;
@@ -368,11 +379,16 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
         if !group.contains(&self.device) || !self.comm.groups.contains(&group) {
             return Err(not_initialised(self.device, &group));
         }
-        let failed = match self.all_reduce_on_device(&src, &dst, dtype, stream_id, &op, &group) {
-            OnDevice::Done => return Ok(()),
-            OnDevice::Host => None,
-            OnDevice::HostFailed(err) => Some(err),
-        };
+        // The path of this all-reduce as its first member read the setting: the same on every
+        // member, whatever the setting is by the time each gets here.
+        let call = self.comm.next_call(&group);
+        let path = comm_path::agreed(&group, call, self.device);
+        let failed =
+            match self.all_reduce_on_device(&src, &dst, dtype, stream_id, &op, &group, &path) {
+                OnDevice::Done => return Ok(()),
+                OnDevice::Host => None,
+                OnDevice::HostFailed(err) => Some(err),
+            };
         let round = self.comm.next_round(&group);
         let len = src.size_in_used() as usize;
         // The member's one host copy: the read's own buffer, reduced in place if it is first.

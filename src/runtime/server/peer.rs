@@ -35,6 +35,7 @@ use cubecl_ir::ElemType;
 use cubecl_runtime::server::{Binding, CopyDescriptor, Handle, ReduceOperation, ServerError};
 use parking_lot::Mutex;
 
+use super::super::comm_path::Communication;
 use super::super::driver::{Collective, DeviceReduce, Driver};
 use super::CachingServer;
 use super::checks;
@@ -182,11 +183,12 @@ impl<D: Driver> CachingServer<D> {
         stream_id: StreamId,
         op: &ReduceOperation,
         group: &[DeviceId],
+        path: &Result<Communication, String>,
     ) -> OnDevice {
-        match self.try_all_reduce_on_device(src, dst, dtype, stream_id, op, group) {
+        match self.try_all_reduce_on_device(src, dst, dtype, stream_id, op, group, path) {
             Ok(DeviceReduce::Issued) => OnDevice::Done,
             Ok(DeviceReduce::Host) => OnDevice::Host,
-            Err(err) => match self.driver.abandon_all_reduce(group, dtype, op, &err) {
+            Err(err) => match self.driver.abandon_all_reduce(group, dtype, op, path, &err) {
                 DeviceReduce::Host => OnDevice::HostFailed(err),
                 DeviceReduce::Issued => {
                     self.push_error(stream_id, err);
@@ -196,6 +198,7 @@ impl<D: Driver> CachingServer<D> {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn try_all_reduce_on_device(
         &mut self,
         src: &Binding,
@@ -204,6 +207,7 @@ impl<D: Driver> CachingServer<D> {
         stream_id: StreamId,
         op: &ReduceOperation,
         group: &[DeviceId],
+        path: &Result<Communication, String>,
     ) -> Result<DeviceReduce, ServerError> {
         let len = src.size_in_used() as usize;
         if len == 0 {
@@ -237,6 +241,7 @@ impl<D: Driver> CachingServer<D> {
                     op,
                     group,
                     rank,
+                    path,
                 },
             )
         }?;
