@@ -88,6 +88,9 @@ pub struct NcclOp {
 pub struct Launch {
     pub stream: u64,
     pub ops: Vec<NcclOp>,
+    /// A communicator of it was aborted: it completes without exchanging anything when it
+    /// reaches the head of its stream (NCCL's abort ends the communicator's kernels).
+    pub cancelled: bool,
 }
 
 #[derive(Debug, Default)]
@@ -278,12 +281,17 @@ fn reduce(inputs: &[Vec<u8>], dtype: c_int, redop: c_int, count: usize) -> Vec<u
 // --- readiness and execution -----------------------------------------------------------------
 
 impl Fake {
-    /// The launches exchanging data with `launch`, itself included, if all are posted.
+    /// The launches exchanging data with `launch`, itself included, if all are posted and
+    /// none was cancelled (a rank whose peer aborted waits forever, as with NCCL).
     fn nccl_component(&self, launch: u64) -> Option<BTreeSet<u64>> {
         let mut component = BTreeSet::from([launch]);
         let mut todo = vec![launch];
         while let Some(l) = todo.pop() {
-            for op in &self.nccl.launches.get(&l)?.ops {
+            let this = self.nccl.launches.get(&l)?;
+            if this.cancelled {
+                return None;
+            }
+            for op in &this.ops {
                 let posted = self.nccl.posted.get(&op.key)?;
                 let needed = match op.key {
                     Key::Collective(clique, _) => self.nccl.cliques.get(&clique)?.nranks,
@@ -303,6 +311,10 @@ impl Fake {
     }
 
     pub fn nccl_ready(&self, launch: u64) -> bool {
+        // Cancelled: runs (as nothing) once at the head of its stream, which the caller checked.
+        if self.nccl.launches.get(&launch).is_some_and(|l| l.cancelled) {
+            return true;
+        }
         let Some(component) = self.nccl_component(launch) else {
             return false;
         };
@@ -319,7 +331,7 @@ impl Fake {
 
     pub fn nccl_partner_streams(&self, launch: u64) -> Vec<u64> {
         let mut streams = Vec::new();
-        let Some(l) = self.nccl.launches.get(&launch) else {
+        let Some(l) = self.nccl.launches.get(&launch).filter(|l| !l.cancelled) else {
             return streams;
         };
         for op in &l.ops {
@@ -347,8 +359,22 @@ impl Fake {
         self.memory.write(&resolved.pieces, bytes)
     }
 
-    /// Runs a ready launch with every launch it exchanges data with, and completes them all.
+    /// Runs a ready launch with every launch it exchanges data with, and completes them all;
+    /// a cancelled launch completes alone, exchanging nothing.
     pub fn nccl_run(&mut self, launch: u64) {
+        if self.nccl.launches.get(&launch).is_some_and(|l| l.cancelled) {
+            let done = self.nccl.launches.remove(&launch).expect("checked");
+            for op in &done.ops {
+                if let Some(posted) = self.nccl.posted.get_mut(&op.key) {
+                    posted.retain(|l| *l != launch);
+                    if posted.is_empty() {
+                        self.nccl.posted.remove(&op.key);
+                    }
+                }
+            }
+            self.complete_head(done.stream);
+            return;
+        }
         let Some(component) = self.nccl_component(launch) else {
             return;
         };
@@ -698,12 +724,15 @@ fn comm_checked(fake: &mut Fake, name: &str, comm: *mut c_void) -> Result<u64, u
 fn comm_end(name: &'static str, comm: *mut c_void, abort: bool) -> u32 {
     cuda_call(name, |fake| {
         let handle = tri!(comm_checked(fake, name, comm));
-        // Operations of it still queued: the real destroy waits for them; abort cancels them.
-        let pending = fake
-            .nccl
-            .launches
-            .values()
-            .any(|l| l.ops.iter().any(|op| op.comm == handle));
+        // Operations of it still queued: the real destroy waits for them; abort cancels them
+        // (they complete at the head of their streams without exchanging anything).
+        let mut pending = false;
+        for launch in fake.nccl.launches.values_mut() {
+            if launch.ops.iter().any(|op| op.comm == handle) {
+                pending = true;
+                launch.cancelled |= abort;
+            }
+        }
         if pending && !abort {
             fake.violation(
                 name,
@@ -875,7 +904,14 @@ fn post(fake: &mut Fake, stream: u64, ops: Vec<NcclOp>) {
         }
         fake.nccl.posted.entry(op.key).or_default().push(id);
     }
-    fake.nccl.launches.insert(id, Launch { stream, ops });
+    fake.nccl.launches.insert(
+        id,
+        Launch {
+            stream,
+            ops,
+            cancelled: false,
+        },
+    );
     fake.enqueue("nccl", stream, Op::Nccl { launch: id }, touches);
 }
 

@@ -19,16 +19,18 @@
 //! sees: from then on every release synchronises ([`CudaStreams::note_foreign_work`]).
 
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Once};
 
 use cubecl_common::backtrace::BackTrace;
 use cubecl_common::bytes::Bytes;
 use cubecl_common::device::DeviceId;
 use cubecl_common::future::DynFut;
-use cubecl_ir::DeviceProperties;
+use cubecl_ir::{DeviceProperties, ElemType};
 use cubecl_runtime::compiler::CubeTask;
-use cubecl_runtime::server::{ExecutionMode, KernelArguments, LaunchError, ServerError};
+use cubecl_runtime::server::{
+    ExecutionMode, KernelArguments, LaunchError, ReduceOperation, ServerError,
+};
 use cudarc::driver::CudaContext;
 use cudarc::driver::result;
 use cudarc::driver::sys;
@@ -401,6 +403,9 @@ impl Driver for CudaDriver {
         }
         let issued = (|| {
             self.bind()?;
+            // A broken NCCL group may have cancelled the collective that wrote these buffers:
+            // its error, never the bytes it left.
+            self.poll_groups()?;
             // Every size is checked before any copy is issued, so that no check fails with
             // copies already running.
             for (resource, bytes) in &sources {
@@ -461,9 +466,12 @@ impl Driver for CudaDriver {
             Ok((parts, in_flight))
         })();
 
+        let groups = self.group_checks();
         Box::pin(async move {
             let (parts, in_flight) = issued?;
             let mut staged = in_flight.wait()?;
+            // A collective of these buffers cancelled while this waited: its error.
+            groups()?;
             Ok(parts
                 .into_iter()
                 .map(|part| match part {
@@ -493,10 +501,14 @@ impl Driver for CudaDriver {
             .and_then(|()| self.poll_groups())
             .and_then(|()| self.collect_writes())
             .and_then(|()| self.record(stream));
+        let groups = self.group_checks();
         Box::pin(async move {
             recorded?
                 .synchronize()
-                .map_err(|err| DriverError::from(err).into())
+                .map_err(|err| ServerError::from(DriverError::from(err)))?;
+            // A collective cancelled while this waited (its group broke) ends like one that
+            // ran: its error, not a success.
+            groups()
         })
     }
 
@@ -656,30 +668,13 @@ impl Driver for CudaDriver {
         stream: &mut CudaStream,
         collective: Collective<'_, Self>,
     ) -> Result<DeviceReduce, ServerError> {
-        let path = communication().map_err(generic)?;
-        if path == Communication::Host {
-            return Ok(DeviceReduce::Host);
-        }
-        let lib = match nccl::nccl() {
-            Ok(lib) => lib,
-            Err(missing) if path == Communication::Nccl => {
-                return Err(generic(format!(
-                    "caching allocator: {} asks for NCCL and {missing}. Install NCCL (Debian/Ubuntu: \
-                     libnccl2; pip: nvidia-nccl-cu12) where the loader finds it (LD_LIBRARY_PATH), \
-                     or set {}=auto to reduce through host memory",
-                    crate::runtime::COMM_ENV,
-                    crate::runtime::COMM_ENV
-                )));
-            }
-            Err(missing) => {
-                warn_host_path(missing);
-                return Ok(DeviceReduce::Host);
-            }
-        };
-        let (Some((data_type, size)), Some(op)) = (
-            lib.data_type(collective.dtype),
-            lib.operation(collective.op),
-        ) else {
+        let Some(NcclPath {
+            lib,
+            data_type,
+            size,
+            op,
+        }) = nccl_path(collective.path, collective.dtype, collective.op)?
+        else {
             return Ok(DeviceReduce::Host);
         };
         if !collective.len.is_multiple_of(size) {
@@ -720,9 +715,90 @@ impl Driver for CudaDriver {
         issued.map_err(generic)?;
         Ok(DeviceReduce::Issued)
     }
+
+    fn abandon_all_reduce(
+        &mut self,
+        group: &[DeviceId],
+        dtype: ElemType,
+        op: &ReduceOperation,
+        path: &Result<Communication, String>,
+        reason: &ServerError,
+    ) -> DeviceReduce {
+        match nccl_path(path, dtype, op) {
+            Ok(None) => DeviceReduce::Host,
+            Ok(Some(path)) => {
+                // The other members may have queued their collective already: breaking the
+                // group aborts their communicators, which ends it.
+                nccl::Group::abandon(path.lib, group, &reason.to_string());
+                DeviceReduce::Issued
+            }
+            // Every member reads the same setting and library, and fails the same way.
+            Err(_) => DeviceReduce::Issued,
+        }
+    }
+}
+
+/// How NCCL takes an all-reduce: the library, NCCL's data type and its size, NCCL's
+/// reduction.
+struct NcclPath {
+    lib: &'static nccl::Nccl,
+    data_type: c_int,
+    size: usize,
+    op: c_int,
+}
+
+/// The path an all-reduce of `dtype` with `op` takes under the members' agreed setting `path`:
+/// NCCL, `None` for the host path, or the error of `BURN_CACHING_ALLOC_COMM=nccl` without the
+/// library. The same answer on every member of a group: it depends only on the agreed
+/// setting, the process's library and the call.
+fn nccl_path(
+    path: &Result<Communication, String>,
+    dtype: ElemType,
+    op: &ReduceOperation,
+) -> Result<Option<NcclPath>, ServerError> {
+    let path = path.clone().map_err(generic)?;
+    if path == Communication::Host {
+        return Ok(None);
+    }
+    let lib = match nccl::nccl() {
+        Ok(lib) => lib,
+        Err(missing) if path == Communication::Nccl => {
+            return Err(generic(format!(
+                "caching allocator: {} asks for NCCL and {missing}. Install NCCL (Debian/Ubuntu: \
+                 libnccl2; pip: nvidia-nccl-cu12) where the loader finds it (LD_LIBRARY_PATH), \
+                 or set {}=auto to reduce through host memory",
+                crate::runtime::COMM_ENV,
+                crate::runtime::COMM_ENV
+            )));
+        }
+        Err(missing) => {
+            warn_host_path(missing);
+            return Ok(None);
+        }
+    };
+    let (Some((data_type, size)), Some(op)) = (lib.data_type(dtype), lib.operation(op)) else {
+        return Ok(None);
+    };
+    Ok(Some(NcclPath {
+        lib,
+        data_type,
+        size,
+        op,
+    }))
 }
 
 impl CudaDriver {
+    /// A check of this device's NCCL groups' breaks that a future runs after its wait (no
+    /// NCCL call: any thread may run it).
+    fn group_checks(&self) -> impl FnOnce() -> Result<(), ServerError> + Send + 'static {
+        let groups: Vec<Arc<Group>> = self.groups.values().map(|(g, _)| g.clone()).collect();
+        move || {
+            groups
+                .iter()
+                .try_for_each(|group| group.check().map_err(generic))
+        }
+    }
+
     /// The asynchronous errors of this device's NCCL groups, as the stream's error.
     fn poll_groups(&self) -> Result<(), ServerError> {
         for (group, rank) in self.groups.values() {

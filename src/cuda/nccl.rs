@@ -355,6 +355,26 @@ impl Group {
         group
     }
 
+    /// Breaks the group of `devices` (sorted) for `reason`: a member failed before its
+    /// all-reduce, and the others must not wait for it. If no member made the group's
+    /// communicators yet, the group is recorded broken without any, so that no member makes
+    /// them; else every communicator not in use is aborted, which ends a collective already
+    /// queued on another member's stream.
+    pub fn abandon(nccl: &'static Nccl, devices: &[DeviceId], reason: &str) {
+        let group = GROUPS
+            .lock()
+            .entry(devices.to_vec())
+            .or_insert_with(|| {
+                Arc::new(Group {
+                    nccl,
+                    comms: devices.iter().map(|_| Mutex::new(None)).collect(),
+                    broken: Mutex::new(None),
+                })
+            })
+            .clone();
+        group.break_with(format!("a member failed before its all-reduce: {reason}"));
+    }
+
     /// Why the group broke, if it did.
     pub fn broken(&self) -> Option<String> {
         self.broken.lock().clone()
@@ -388,14 +408,37 @@ impl Group {
                 self.nccl.check("ncclAllReduce", code)
             })
         };
-        issued.inspect_err(|err| self.break_with(err.clone()))
+        issued.inspect_err(|err| self.break_with(err.clone()))?;
+        // Broken while this call held the communicator (`break_with` could not take it): the
+        // collective just queued would wait for a member that will not call. Abort it here.
+        self.abort_if_broken(rank)
+    }
+
+    /// The group's break, as this member's error, without calling NCCL: what a wait that
+    /// ended asks (a collective cancelled by an abort ends like one that ran).
+    pub fn check(&self) -> Result<(), String> {
+        match self.broken() {
+            Some(reason) => Err(broken(&reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// If the group broke: aborts rank `rank`'s communicator if it is still here (in use when
+    /// the group broke) and returns the break as an error.
+    fn abort_if_broken(&self, rank: usize) -> Result<(), String> {
+        let Some(reason) = self.broken() else {
+            return Ok(());
+        };
+        if let Some(comm) = self.comms[rank].lock().take() {
+            // SAFETY: a live communicator, taken out so nothing uses it again.
+            unsafe { (self.nccl.comm_abort)(comm.0) };
+        }
+        Err(broken(&reason))
     }
 
     /// Rank `rank`'s asynchronous error, if it has one: breaks the group then.
     pub fn poll(&self, rank: usize) -> Result<(), String> {
-        if let Some(reason) = self.broken() {
-            return Err(broken(&reason));
-        }
+        self.abort_if_broken(rank)?;
         let polled = match self.comms[rank].lock().as_ref() {
             Some(comm) => self.async_error(comm),
             None => Ok(()),

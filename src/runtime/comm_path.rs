@@ -3,15 +3,22 @@
 //!
 //! Chosen by `BURN_CACHING_ALLOC_COMM=auto|nccl|host`, or in code with
 //! [`set_communication`] (which takes precedence). Process-wide, because every member of a
-//! group must take the same path: read at each transfer and collective, so change it only
-//! between steps, never while a transfer or an all-reduce is in flight.
+//! group must take the same path. Read once per transfer, by `send` (the path travels with
+//! what `send` posts, so its `recv` ends it the same way whatever the setting is by then), and
+//! once per all-reduce, by the first member to reach it (the others take what it read), so a
+//! change takes effect at the next transfer or all-reduce and never splits one in flight.
 //!
 //! - `auto` (the default): peer copies for `to_device`; NCCL for `all_reduce` when `libnccl`
 //!   loads, else the host path with one warning;
 //! - `nccl`: as `auto`, but an all-reduce without `libnccl` is an error on the stream;
 //! - `host`: everything through host memory (what wgpu always does).
 
+use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU8, Ordering};
+
+use cubecl_common::device::DeviceId;
+use parking_lot::Mutex;
 
 /// The variable that chooses the communication path.
 pub const COMM_ENV: &str = "BURN_CACHING_ALLOC_COMM";
@@ -64,8 +71,8 @@ impl Communication {
 static CHOSEN: AtomicU8 = AtomicU8::new(0);
 
 /// Chooses the communication path for every device of the process, over
-/// `BURN_CACHING_ALLOC_COMM`. Takes effect at the next transfer or collective: call it between
-/// steps, when nothing is in flight between devices.
+/// `BURN_CACHING_ALLOC_COMM`. Takes effect at the next transfer or all-reduce: one already
+/// under way (sent, or reached by a member) ends on the path it started on.
 pub fn set_communication(path: Communication) {
     CHOSEN.store(path.code(), Ordering::Relaxed);
 }
@@ -85,9 +92,68 @@ pub fn communication() -> Result<Communication, String> {
     }
 }
 
+/// The path of one all-reduce, as its first member read it, until every member took it.
+struct Agreement {
+    path: Result<Communication, String>,
+    taken: Vec<DeviceId>,
+}
+
+/// One all-reduce: its group (sorted) and its call number in that group.
+type CallKey = (Vec<DeviceId>, u64);
+
+/// All-reduces some member reached and not every member has.
+static AGREED: LazyLock<Mutex<HashMap<CallKey, Agreement>>> = LazyLock::new(Default::default);
+
+/// The path of the `call`-th all-reduce of `group` (sorted), for member `me`: the setting as the
+/// first member to reach that all-reduce read it ([`communication`]), so that every member
+/// takes the same path even when the setting changes while some are already in it (a member
+/// on NCCL and another on the host path would wait for each other forever). Each member asks
+/// once per call; the entry goes when the last has.
+pub(crate) fn agreed(group: &[DeviceId], call: u64, me: DeviceId) -> Result<Communication, String> {
+    let mut agreed = AGREED.lock();
+    let key = (group.to_vec(), call);
+    let entry = agreed.entry(key.clone()).or_insert_with(|| Agreement {
+        path: communication(),
+        taken: Vec::with_capacity(group.len()),
+    });
+    if !entry.taken.contains(&me) {
+        entry.taken.push(me);
+    }
+    let path = entry.path.clone();
+    if entry.taken.len() >= group.len() {
+        agreed.remove(&key);
+    }
+    path
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_member_of_an_all_reduce_takes_the_path_the_first_one_read() {
+        let ids: Vec<DeviceId> = (0..3)
+            .map(|index_id| DeviceId {
+                type_id: 9,
+                index_id,
+            })
+            .collect();
+        // A group of its own (type 9), so that no other test's all-reduce shares its entries.
+        set_communication(Communication::Nccl);
+        assert_eq!(agreed(&ids, 1, ids[1]), Ok(Communication::Nccl));
+        set_communication(Communication::Host);
+        // The other members of call 1 take NCCL still; call 2 reads the new setting.
+        assert_eq!(agreed(&ids, 1, ids[0]), Ok(Communication::Nccl));
+        assert_eq!(agreed(&ids, 2, ids[0]), Ok(Communication::Host));
+        assert_eq!(agreed(&ids, 1, ids[2]), Ok(Communication::Nccl));
+        // Every member took call 1: gone, and a late duplicate reads afresh.
+        assert!(!AGREED.lock().contains_key(&(ids.clone(), 1)));
+        set_communication(Communication::Auto);
+        for me in &ids[1..] {
+            assert_eq!(agreed(&ids, 2, *me), Ok(Communication::Host));
+        }
+        assert!(!AGREED.lock().contains_key(&(ids.clone(), 2)));
+    }
 
     #[test]
     fn the_variable_names_one_of_three_paths() {

@@ -33,6 +33,7 @@ use cubecl_runtime::server::{
 
 use std::sync::Arc;
 
+use super::comm_path::Communication;
 use super::error::DriverError;
 use super::pinned_host::PinnedHostPool;
 use super::storage::EngineResource;
@@ -94,6 +95,9 @@ pub struct Collective<'a, D: Driver> {
     pub group: &'a [DeviceId],
     /// This device's position in `group`.
     pub rank: usize,
+    /// The communication setting for this all-reduce, the same on every member (as the first
+    /// member to reach it read it), or why it could not be read.
+    pub path: &'a Result<Communication, String>,
 }
 
 fn no_peer_copies() -> ServerError {
@@ -334,5 +338,25 @@ pub trait Driver: Send + Sized + 'static {
     ) -> Result<DeviceReduce, ServerError> {
         let _ = (stream, collective);
         Ok(DeviceReduce::Host)
+    }
+
+    /// This device's part of an all-reduce of `group` failed before or while it was issued
+    /// (`reason`): makes sure no other member waits for it on the device, and says which path
+    /// the group takes for this all-reduce (`path`: the setting the members agreed on), as
+    /// [`Driver::all_reduce`] would have answered:
+    /// [`DeviceReduce::Host`] when the group reduces through host memory (the server then
+    /// contributes the failure to the host round, where the others meet it), else
+    /// [`DeviceReduce::Issued`] (the driver made the other members' collective end in an
+    /// error, e.g. by breaking the NCCL group).
+    fn abandon_all_reduce(
+        &mut self,
+        group: &[DeviceId],
+        dtype: ElemType,
+        op: &ReduceOperation,
+        path: &Result<Communication, String>,
+        reason: &ServerError,
+    ) -> DeviceReduce {
+        let _ = (group, dtype, op, path, reason);
+        DeviceReduce::Host
     }
 }

@@ -3,8 +3,10 @@
 //! its own (fresh devices): `to_device` by peer copy along 0 -> 1 -> 2 -> 3, values exact and
 //! the source's blocks overwritten at once by new tensors, under every scheduler mode and
 //! several seeds; NCCL all-reduce (sum, mean) across two and four devices from one thread per
-//! device; out of memory on the destination as the allocator's error on its stream. The
-//! fake's contract log must stay empty (peer access, cross-context use, frees of memory in use).
+//! device; out of memory on the destination as the allocator's error on its stream; a member
+//! that fails before its NCCL call (its destination too small) breaking the group, so that the
+//! others get an error instead of waiting; the host path's pinned staging reused round after
+//! round. The fake's contract log must stay empty (peer access, cross-context use, frees of memory in use).
 
 use burn::backend::cuda::CudaDevice;
 use burn_caching_alloc::cuda::CachingCudaRuntime;
@@ -33,6 +35,8 @@ fn four_devices(test: &str) -> Option<Fake> {
             Some(std::ffi::OsStr::new("1G,1G,1G,64M")),
         ),
         ("FAKE_CUDA_VMM", Some(std::ffi::OsStr::new("1"))),
+        // A member left waiting is reported (a violation) after this long, not 30 s.
+        ("FAKE_CUDA_DEADLOCK_SECS", Some(std::ffi::OsStr::new("10"))),
     ];
     in_child(test, &envs).then_some(fake)
 }
@@ -175,5 +179,204 @@ fn out_of_memory_on_the_destination_is_the_allocators_error_on_its_stream() {
         small.read_one(moved).expect("read").to_vec(),
         vec![2u8; 4096]
     );
+    fake.assert_no_violations();
+}
+
+/// One member of a 2- and then a 4-device group fails before its NCCL call (its destination
+/// holds fewer bytes than its source: the server refuses it before NCCL sees it). Without
+/// more, the others' `ncclAllReduce` would wait on their streams for it forever (the fake
+/// reports that as a deadlock after `FAKE_CUDA_DEADLOCK_SECS`, a violation). The failing
+/// member breaks the group (`Driver::abandon_all_reduce`): its communicators are aborted, which
+/// cancels the collectives already queued, and every member gets an error at its next sync;
+/// the group's next all-reduce fails at once on every member.
+#[test]
+fn a_member_that_fails_before_its_nccl_call_breaks_the_group_instead_of_hanging_the_others() {
+    let Some(fake) = four_devices(
+        "comm::a_member_that_fails_before_its_nccl_call_breaks_the_group_instead_of_hanging_the_others",
+    ) else {
+        return;
+    };
+    set_communication(Communication::Nccl);
+    for devices in [&[0usize, 1][..], &[0, 1, 2, 3][..]] {
+        let ids: Vec<_> = devices
+            .iter()
+            .map(|d| CudaDevice::new(*d).to_id())
+            .collect();
+        let errors: Vec<(usize, String, String)> = std::thread::scope(|scope| {
+            let threads: Vec<_> = devices
+                .iter()
+                .map(|&device| {
+                    let ids = ids.clone();
+                    scope.spawn(move || {
+                        let mut client: Client =
+                            CachingCudaRuntime::client(&CudaDevice::new(device));
+                        let reduce = |client: &mut Client, small: bool| {
+                            let src = client.create_from_slice(&[1u8; 4000]);
+                            let dst = match small {
+                                true => client.create_from_slice(&[0u8; 400]),
+                                false => src.clone(),
+                            };
+                            client.all_reduce(
+                                src,
+                                dst,
+                                ElemType::Float(FloatKind::F32),
+                                ids.clone(),
+                                ReduceOperation::Sum,
+                            );
+                            client.sync_collective();
+                            match cubecl_common::future::block_on(client.sync()) {
+                                Ok(()) => "no error".to_string(),
+                                Err(err) => err.to_string(),
+                            }
+                        };
+                        // The first member's destination is too small; the next time,
+                        // nobody's.
+                        let first = reduce(&mut client, device == devices[0]);
+                        let again = reduce(&mut client, false);
+                        (device, first, again)
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("a member"))
+                .collect()
+        });
+        for (device, first, again) in errors {
+            if device == devices[0] {
+                assert!(first.contains("into a buffer of 400 bytes"), "{first}");
+            } else {
+                assert!(first.contains("NCCL"), "device {device}: {first}");
+                assert!(
+                    first.contains("before its all-reduce"),
+                    "device {device}: {first}"
+                );
+            }
+            assert!(again.contains("NCCL"), "device {device}: {again}");
+        }
+    }
+    set_communication(Communication::Auto);
+    fake.assert_no_violations();
+}
+
+/// `cuMemHostAlloc` calls of `device`'s pinned pool so far.
+fn pinned_allocations(device: usize) -> u64 {
+    burn_caching_alloc::backend::memory_stats(&CudaDevice::new(device))
+        .host
+        .expect("CUDA has a pinned host pool")
+        .num_host_alloc()
+}
+
+/// The host path on CUDA (`BURN_CACHING_ALLOC_COMM=host`) stages every read and write through
+/// the device's pooled pinned buffers (`cuda/staging.rs`): after the first all-reduce and the
+/// first `to_device` of a size, the same again allocates no pinned memory on either device
+/// (each round's reads and writes take the buffers the last round gave back), and the values
+/// stay exact.
+#[test]
+fn the_host_path_reuses_its_pinned_staging_buffers_round_after_round() {
+    let Some(fake) =
+        four_devices("comm::the_host_path_reuses_its_pinned_staging_buffers_round_after_round")
+    else {
+        return;
+    };
+    set_communication(Communication::Host);
+    let len = 4 << 20;
+    let mut after_first = None;
+    for round in 0..4 {
+        let sums = all_reduce_on(&[0, 1], false);
+        for result in &sums {
+            for (i, got) in result.iter().enumerate() {
+                assert_eq!(*got, 2.0 * i as f32 + 1000.0, "round {round} element {i}");
+            }
+        }
+        let clients: Vec<Client> = (0..2)
+            .map(|i| CachingCudaRuntime::client(&CudaDevice::new(i)))
+            .collect();
+        let data = vec![round as u8 + 1; len];
+        let moved = move_to(
+            &clients[0],
+            &clients[1],
+            clients[0].create_from_slice(&data),
+            len,
+        );
+        assert_eq!(clients[1].read_one(moved).expect("read").to_vec(), data);
+        for client in &clients {
+            cubecl_common::future::block_on(client.sync()).expect("sync");
+        }
+        let allocations = (pinned_allocations(0), pinned_allocations(1));
+        match after_first {
+            None => {
+                assert!(allocations.0 > 0 && allocations.1 > 0, "{allocations:?}");
+                after_first = Some(allocations);
+            }
+            Some(first) => assert_eq!(allocations, first, "round {round}: new pinned memory"),
+        }
+    }
+    set_communication(Communication::Auto);
+    fake.assert_no_violations();
+}
+
+/// `set_communication` between two members' calls of one all-reduce: the second takes the
+/// path the first read (NCCL here), not the new setting (the host path, where it would wait
+/// for a first member that is on NCCL, forever). The next all-reduce takes the new setting.
+/// (The other order, host first, cannot be staged from one thread: the first member's host
+/// part blocks its device thread until the second arrives; `comm_path`'s unit test covers the
+/// agreement both ways.)
+#[test]
+fn members_of_one_all_reduce_take_the_path_the_first_read_when_the_setting_changes_between() {
+    let Some(fake) = four_devices(
+        "comm::members_of_one_all_reduce_take_the_path_the_first_read_when_the_setting_changes_between",
+    ) else {
+        return;
+    };
+    let mut clients: Vec<Client> = (0..2)
+        .map(|i| CachingCudaRuntime::client(&CudaDevice::new(i)))
+        .collect();
+    let ids: Vec<_> = (0..2).map(|d| CudaDevice::new(d).to_id()).collect();
+    let f32s =
+        |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_ne_bytes()).collect() };
+    let buffers: Vec<Handle> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, client)| client.create_from_slice(&f32s(&[1.0 + i as f32, 10.0])))
+        .collect();
+    let mut reduce = |member: usize| {
+        let client = &mut clients[member];
+        client.all_reduce(
+            buffers[member].clone(),
+            buffers[member].clone(),
+            ElemType::Float(FloatKind::F32),
+            ids.clone(),
+            ReduceOperation::Sum,
+        );
+        client.sync_collective();
+        // A call the device thread answers: this member's part has run by then (NCCL only
+        // queues it).
+        client.memory_usage().expect("usage");
+    };
+    set_communication(Communication::Nccl);
+    reduce(0);
+    set_communication(Communication::Host);
+    reduce(1);
+    assert_eq!(fake.calls("ncclAllReduce"), 2, "both members on NCCL");
+    for (member, buffer) in buffers.iter().enumerate() {
+        let got = clients[member]
+            .read_one(buffer.clone())
+            .expect("read")
+            .to_vec();
+        assert_eq!(got, f32s(&[3.0, 20.0]));
+    }
+    // The next one reads the new setting: the host path, from a thread per member.
+    for result in all_reduce_on(&[0, 1], false) {
+        for (i, got) in result.iter().enumerate() {
+            assert_eq!(*got, 2.0 * i as f32 + 1000.0);
+        }
+    }
+    assert_eq!(
+        fake.calls("ncclAllReduce"),
+        2,
+        "no NCCL call on the host path"
+    );
+    set_communication(Communication::Auto);
     fake.assert_no_violations();
 }

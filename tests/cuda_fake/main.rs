@@ -34,8 +34,11 @@
 //! - `cross_stream`: PyTorch's `record_stream` rule from several threads, every scheduler mode,
 //!   20 seeds each, values checked;
 //! - `comm`: CUDA's device path between devices (peer copies, NCCL) on four fake devices in
-//!   child processes, every scheduler mode;
-//! - `nccl`: the fake NCCL on two devices (values, groups, a missing rank);
+//!   child processes, every scheduler mode; a member failing before its NCCL call, the path
+//!   of an all-reduce when the setting changes between members, the host path's pinned
+//!   staging reused;
+//! - `nccl`: the fake NCCL on two devices (values, groups, a missing rank, an abort cancelling
+//!   queued work);
 //! - `uncached`: `no_cuda_memory_caching`, every tensor one `cuMemAlloc` and one `cuMemFree`
 //!   after its stream's work;
 //! - `pinned`: the pinned host pool's statistics and limits, and its drop;

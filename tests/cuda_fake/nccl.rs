@@ -264,3 +264,54 @@ fn a_rank_that_never_calls_is_a_reported_deadlock_not_a_hang() {
     assert_eq!(violations.len(), 1, "{violations:#?}");
     assert!(violations[0].contains("waits forever"), "{violations:#?}");
 }
+
+/// NCCL's `ncclCommAbort` ends the communicator's queued operations (its kernels exit), which
+/// is how a process stops a rank waiting for a peer that will not call: rank 0 queues an
+/// all-reduce rank 1 never makes, both communicators are aborted, and rank 0's stream then
+/// completes with its buffer untouched (nothing was exchanged); work queued after the
+/// collective runs. Without the abort this is the deadlock of the test above.
+#[test]
+fn an_abort_cancels_a_queued_collective_whose_peer_never_calls() {
+    let secs = std::ffi::OsStr::new("5");
+    let Some(fake) = fake_in_child(
+        "nccl::an_abort_cancels_a_queued_collective_whose_peer_never_calls",
+        &[("FAKE_CUDA_DEADLOCK_SECS", Some(secs))],
+    ) else {
+        return;
+    };
+    let lib = nccl();
+    let contexts = [
+        CudaContext::new(0).expect("0"),
+        CudaContext::new(1).expect("1"),
+    ];
+    let mut comms: [Comm; 2] = [std::ptr::null_mut(); 2];
+    unsafe {
+        let init: libloading::Symbol<InitAll> = lib.get(b"ncclCommInitAll").unwrap();
+        assert_eq!(init(comms.as_mut_ptr(), 2, std::ptr::null()), 0);
+        let all_reduce: libloading::Symbol<AllReduce> = lib.get(b"ncclAllReduce").unwrap();
+        let abort: libloading::Symbol<Destroy> = lib.get(b"ncclCommAbort").unwrap();
+        let (ptr, stream) = upload(&contexts[0], &f32s(&[1.0, 2.0]));
+        assert_eq!(
+            all_reduce(
+                ptr as *const c_void,
+                ptr as *mut c_void,
+                2,
+                7,
+                0,
+                comms[0],
+                stream
+            ),
+            0
+        );
+        // Queued after the collective: runs once the collective is cancelled.
+        let later = result::malloc_sync(8).expect("alloc");
+        result::memcpy_htod_async(later, &f32s(&[7.0, 8.0]), stream).expect("queued after");
+        for comm in comms {
+            assert_eq!(abort(comm), 0);
+        }
+        assert_eq!(download(&contexts[0], ptr, 8, stream), f32s(&[1.0, 2.0]));
+        assert_eq!(download(&contexts[0], later, 8, stream), f32s(&[7.0, 8.0]));
+    }
+    fake.assert_no_violations();
+    assert_eq!(fake.calls("ncclCommAbort"), 2);
+}

@@ -1,18 +1,51 @@
-//! The `--devices` names: which wgpu devices a process trains on, one peer each.
+//! The `--devices` names: which devices a process trains on, one peer each.
 
 use burn::backend::wgpu::WgpuDevice;
 
-/// A name that is not a wgpu device.
+/// A name that is not a device of the backend.
 #[derive(Debug, thiserror::Error, PartialEq)]
-#[error(
-    "unknown device {0:?}: expected default, cpu, discrete:N, integrated:N or virtual:N \
-     (N a number)"
-)]
-pub struct DeviceNameError(pub String);
+#[error("unknown device {name:?}: expected {expected} (N a number)")]
+pub struct DeviceNameError {
+    /// The name given.
+    pub name: String,
+    /// The names the backend takes.
+    pub expected: &'static str,
+}
 
-/// The device a name stands for: `default`, `cpu`, `discrete:N`, `integrated:N`, `virtual:N`.
+/// A device type the command line names.
+pub trait DeviceName: Sized {
+    /// The device `name` stands for.
+    ///
+    /// # Errors
+    ///
+    /// A name that is not one of this device type.
+    fn parse(name: &str) -> Result<Self, DeviceNameError>;
+}
+
+impl DeviceName for WgpuDevice {
+    fn parse(name: &str) -> Result<Self, DeviceNameError> {
+        parse(name)
+    }
+}
+
+/// CUDA devices: `cuda:N` or `N`, the device's index.
+#[cfg(feature = "cuda")]
+impl DeviceName for burn::backend::cuda::CudaDevice {
+    fn parse(name: &str) -> Result<Self, DeviceNameError> {
+        let index = name.strip_prefix("cuda:").unwrap_or(name);
+        index.parse().map(Self::new).map_err(|_| DeviceNameError {
+            name: name.to_string(),
+            expected: "cuda:N or N",
+        })
+    }
+}
+
+/// The wgpu device a name stands for: `default`, `cpu`, `discrete:N`, `integrated:N`, `virtual:N`.
 pub fn parse(name: &str) -> Result<WgpuDevice, DeviceNameError> {
-    let error = || DeviceNameError(name.to_string());
+    let error = || DeviceNameError {
+        name: name.to_string(),
+        expected: "default, cpu, discrete:N, integrated:N or virtual:N",
+    };
     match name {
         "default" => return Ok(WgpuDevice::DefaultDevice),
         "cpu" => return Ok(WgpuDevice::Cpu),
@@ -40,7 +73,7 @@ mod tests {
         assert_eq!(parse("integrated:0"), Ok(WgpuDevice::IntegratedGpu(0)));
         assert_eq!(parse("virtual:2"), Ok(WgpuDevice::VirtualGpu(2)));
         for bad in ["gpu", "discrete", "discrete:x", "cuda:0", ""] {
-            assert_eq!(parse(bad), Err(DeviceNameError(bad.to_string())));
+            assert_eq!(parse(bad).map_err(|e| e.name), Err(bad.to_string()));
         }
     }
 }

@@ -5,24 +5,39 @@
 
 use std::process::ExitCode;
 
-use burn::backend::wgpu::WgpuDevice;
-use clap::{Parser, Subcommand};
+use burn::backend::Autodiff;
+use burn::tensor::backend::AutodiffBackend;
+use clap::{Parser, Subcommand, ValueEnum};
+use collective::devices::DeviceName;
 use collective::node::{self, NodeConfig};
-use collective::{devices, single};
+use collective::{PeerBackend, single};
 
 #[derive(Parser, Debug)]
-#[command(about = "Data-parallel training on N processes with burn-collective over CachingWgpu")]
+#[command(
+    about = "Data-parallel training on N processes with burn-collective over burn-caching-alloc"
+)]
 struct Cli {
+    /// The backend the node or single run computes on: wgpu (`CachingWgpu`), or cuda
+    /// (`CachingCuda`, when built with the `cuda` feature).
+    #[arg(long, global = true, value_enum, default_value_t = BackendName::Wgpu)]
+    backend: BackendName,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum BackendName {
+    Wgpu,
+    Cuda,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Runs burn-collective's global orchestrator until Ctrl-C or SIGTERM (one per collective,
-    /// on any machine the nodes reach).
+    /// on any machine the nodes reach): two of them, on the port and the next, which the
+    /// nodes' registration rounds alternate between.
     Orchestrator {
-        /// The port it listens on (every interface).
+        /// The first of the two ports it listens on (every interface).
         #[arg(long, default_value_t = 3000)]
         port: u16,
     },
@@ -32,17 +47,63 @@ enum Command {
     /// Trains the same model on one device, whole batches, no collective: the reference a
     /// node's parameters equal.
     Single {
-        /// The device: default, cpu, discrete:N, integrated:N, virtual:N.
-        #[arg(long, default_value = "default", value_parser = devices::parse)]
-        device: WgpuDevice,
+        /// The device: on wgpu default, cpu, discrete:N, integrated:N, virtual:N; on CUDA
+        /// cuda:N or N.
+        #[arg(long, default_value = "default")]
+        device: String,
         /// Training steps.
         #[arg(long, default_value_t = 20)]
         steps: usize,
     },
 }
 
+/// A node on backend `B`: its reports, or the error.
+fn node_on<B: PeerBackend>(config: &NodeConfig) -> ExitCode
+where
+    Autodiff<B>: AutodiffBackend<Device = B::Device>,
+{
+    match node::run::<B>(config) {
+        Ok(reports) => {
+            reports.iter().for_each(|report| report.print());
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The one-device reference on backend `B`.
+fn single_on<B: PeerBackend>(device: &str, steps: usize) -> ExitCode
+where
+    Autodiff<B>: AutodiffBackend<Device = B::Device>,
+{
+    match B::Device::parse(device) {
+        Ok(device) => {
+            single::run::<B>(&device, steps)
+                .iter()
+                .for_each(|report| report.print());
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--backend cuda` in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+fn without_cuda() -> ExitCode {
+    eprintln!("error: --backend cuda needs the `cuda` feature (cargo build --features cuda)");
+    ExitCode::FAILURE
+}
+
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let backend = cli.backend;
+    match cli.command {
         Command::Orchestrator { port } => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -54,25 +115,28 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            println!("orchestrator on port {port} (Ctrl-C stops it)");
+            let Some(next) = port.checked_add(1) else {
+                eprintln!("error: port {port} has no next port for the second orchestrator");
+                return ExitCode::FAILURE;
+            };
+            println!("orchestrators on ports {port} and {next} (Ctrl-C stops them)");
+            runtime.spawn(burn_collective::start_global_orchestrator(next));
             runtime.block_on(burn_collective::start_global_orchestrator(port));
             ExitCode::SUCCESS
         }
-        Command::Node(config) => match node::run(&config) {
-            Ok(reports) => {
-                reports.iter().for_each(|report| report.print());
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("error: {err}");
-                ExitCode::FAILURE
-            }
+        Command::Node(config) => match backend {
+            BackendName::Wgpu => node_on::<collective::Backend>(&config),
+            #[cfg(feature = "cuda")]
+            BackendName::Cuda => node_on::<collective::CudaBackend>(&config),
+            #[cfg(not(feature = "cuda"))]
+            BackendName::Cuda => without_cuda(),
         },
-        Command::Single { device, steps } => {
-            single::run(&device, steps)
-                .iter()
-                .for_each(|report| report.print());
-            ExitCode::SUCCESS
-        }
+        Command::Single { device, steps } => match backend {
+            BackendName::Wgpu => single_on::<collective::Backend>(&device, steps),
+            #[cfg(feature = "cuda")]
+            BackendName::Cuda => single_on::<collective::CudaBackend>(&device, steps),
+            #[cfg(not(feature = "cuda"))]
+            BackendName::Cuda => without_cuda(),
+        },
     }
 }

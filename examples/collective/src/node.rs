@@ -6,41 +6,68 @@
 //! all peers, and unregisters. Peer ids are global: `rank * devices + local index`.
 //!
 //! With one process (`world_size` 1) only burn-collective's local level runs (no
-//! orchestrator). With several, burn-collective 0.21.0 completes one operation between
-//! processes and hangs at the second: `SyncService::sync` compares the nodes that synced with
-//! all nodes, then clears a copy of that list instead of the list, so from the second sync on
-//! the list never equals the nodes again. A training step makes one all-reduce per parameter,
-//! so a node with several processes refuses to train ([`NodeError::GlobalTraining`]) and runs
-//! the all-reduce check alone.
+//! orchestrator): one registration, and Burn's `GradientsParams::all_reduce` (one operation
+//! per parameter) every step.
+//!
+//! With several processes, burn-collective 0.21.0 completes only the first operation between
+//! processes of a registration: `SyncService::sync` (`src/global/node/sync.rs`, lines 71-79)
+//! compares the nodes that synced with all nodes, then clears a copy of that list
+//! (`lock().unwrap().to_vec()`) instead of the list, so from the second sync on the list never
+//! equals the nodes again and the operation waits forever. The list lives in the global
+//! `Node`, which `finish_collective` drops (with the last local peer) and the next `register`
+//! builds anew. So a node of several processes makes one registration per global operation:
+//!
+//! - each step's gradients go through one all-reduce, flattened into one tensor
+//!   ([`crate::flat`]);
+//! - each operation (the check, then each step) has its registration round: `register`, the
+//!   operation, `finish_collective`, then a barrier between the local peers, so that no peer
+//!   registers the next round while another still belongs to this one (burn-collective's
+//!   local server would take it for a peer of the current round);
+//! - rounds alternate between two orchestrators (the `--orchestrator` port and the next) and
+//!   two data ports (`--port` and the next). burn-collective's orchestrator numbers a node by
+//!   the number of nodes registered when it arrives (`src/global/orchestrator/state.rs`,
+//!   `register`, line 188), so a node registering round r + 1 while another has not yet finished round r
+//!   would take that node's number and both would reduce alone, silently. On the other
+//!   orchestrator, round r + 1's registration completes only once every node has registered
+//!   it, which each does after its `finish_collective` of round r returned (it waits for the
+//!   orchestrator's acknowledgement); round r + 2, back on the first orchestrator, so starts
+//!   after every node left round r there. The data port alternates for the same reason:
+//!   round r's server stops listening asynchronously after its `finish_collective`.
 
 use std::str::FromStr;
+use std::sync::{Arc, Barrier};
 use std::thread;
 
-use burn::backend::wgpu::WgpuDevice;
+use burn::backend::Autodiff;
 use burn::collective::{
     self, AllReduceStrategy, CollectiveConfig, CollectiveError, PeerId, ReduceOperation,
 };
 use burn::optim::SgdConfig;
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
+use burn::tensor::backend::AutodiffBackend;
 use burn_communication::Address;
 
+use crate::PeerBackend;
 use crate::data::{self, ShardError};
+use crate::devices::{DeviceName, DeviceNameError};
 use crate::model::Model;
 use crate::report::{PeerReport, Report, check_values};
-use crate::{Backend, train};
+use crate::train::{self, GradientSync};
 
 /// Where this node is and what it trains (the `node` subcommand's options).
 #[derive(Debug, Clone, clap::Args)]
 pub struct NodeConfig {
-    /// The orchestrator's address.
+    /// The orchestrator's address, `ws://HOST:PORT`. With several processes the orchestrator
+    /// listens on PORT and PORT + 1 (registration rounds alternate between the two).
     #[arg(long, default_value = "ws://127.0.0.1:3000")]
     pub orchestrator: String,
     /// This machine's host name or address, as the other nodes reach it.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// This node's port for tensor transfers (listens on every interface; the other nodes
-    /// download from it).
+    /// download from it). With several processes it also uses the next port (registration
+    /// rounds alternate between the two).
     #[arg(long, default_value_t = 3001)]
     pub port: u16,
     /// This process's rank, 0 to world size - 1.
@@ -49,10 +76,10 @@ pub struct NodeConfig {
     /// The number of node processes.
     #[arg(long)]
     pub world_size: usize,
-    /// The local devices, comma-separated, one peer each: default, cpu, discrete:N,
-    /// integrated:N, virtual:N. Every node must have as many.
-    #[arg(long, value_delimiter = ',', default_value = "default", value_parser = crate::devices::parse)]
-    pub devices: Vec<WgpuDevice>,
+    /// The local devices, comma-separated, one peer each: on wgpu default, cpu, discrete:N,
+    /// integrated:N, virtual:N; on CUDA cuda:N or N. Every node must have as many.
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    pub devices: Vec<String>,
     /// Training steps.
     #[arg(long, default_value_t = 20)]
     pub steps: usize,
@@ -73,10 +100,13 @@ pub enum NodeError {
         /// The number of devices given.
         devices: usize,
     },
+    /// A device name the backend does not have.
+    #[error(transparent)]
+    Device(#[from] DeviceNameError),
     /// The peers cannot share the batch.
     #[error(transparent)]
     Shard(#[from] ShardError),
-    /// An address that burn-communication refuses.
+    /// An address that burn-communication refuses, or whose port has no next port.
     #[error("bad address {0:?}: {1}")]
     Address(String, String),
     /// burn-collective's error (it has no `Display`).
@@ -87,17 +117,44 @@ pub enum NodeError {
         /// burn-collective's error.
         error: CollectiveError,
     },
-    /// Training over several processes, which burn-collective 0.21.0 cannot finish.
-    #[error(
-        "burn-collective 0.21.0 runs one collective operation between processes, then hangs at \
-         the second (its SyncService never clears the list of nodes that synced), and a training \
-         step makes one per parameter: with a world size of {0}, run --steps 0 (the all-reduce \
-         check alone), or train on several devices of one process (--world-size 1)"
-    )]
-    GlobalTraining(usize),
     /// A peer's thread panicked.
     #[error("peer {0}'s thread panicked")]
     Panicked(usize),
+}
+
+/// `address` (`scheme://host:port`) with its port moved up by `offset`.
+fn port_plus(address: &str, offset: u16) -> Result<String, NodeError> {
+    let error = |why: &str| NodeError::Address(address.to_string(), why.to_string());
+    let (head, port) = address
+        .rsplit_once(':')
+        .ok_or_else(|| error("expected scheme://host:port"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| error("expected scheme://host:port, the port a number"))?;
+    let port = port
+        .checked_add(offset)
+        .ok_or_else(|| error("the port has no next port"))?;
+    Ok(format!("{head}:{port}"))
+}
+
+/// burn-collective's configurations, the same on every peer of this process.
+#[derive(Debug, Clone)]
+enum Rounds {
+    /// One process: the local level alone (no orchestrator), one registration.
+    Local(CollectiveConfig),
+    /// Several processes: one registration per global operation, alternating between these
+    /// two configurations (the two orchestrator ports, the two data ports).
+    Global([CollectiveConfig; 2]),
+}
+
+impl Rounds {
+    /// The configuration of registration round `round`.
+    fn config(&self, round: usize) -> CollectiveConfig {
+        match self {
+            Rounds::Local(config) => config.clone(),
+            Rounds::Global(configs) => configs[round % 2].clone(),
+        }
+    }
 }
 
 impl NodeConfig {
@@ -106,31 +163,45 @@ impl NodeConfig {
         self.world_size * self.devices.len()
     }
 
-    /// burn-collective's configuration, the same on every peer of this process: the local
-    /// level alone for one process (no orchestrator), else both levels.
-    fn collective(&self) -> Result<CollectiveConfig, NodeError> {
+    /// burn-collective's configurations: the local level alone for one process, else both
+    /// levels with the orchestrator and data ports of each of the two alternating rounds.
+    fn rounds(&self) -> Result<Rounds, NodeError> {
         let local = CollectiveConfig::default().with_num_devices(self.devices.len());
         if self.world_size == 1 {
-            return Ok(local);
+            return Ok(Rounds::Local(local));
         }
         let address = |text: String| {
             Address::from_str(&text).map_err(|why| NodeError::Address(text.clone(), why))
         };
-        Ok(local
-            .with_num_nodes(self.world_size as u32)
-            .with_global_address(address(self.orchestrator.clone())?)
-            .with_node_address(address(format!("ws://{}:{}", self.host, self.port))?)
-            .with_data_service_port(self.port)
-            // Burn's default between processes is the ring, which needs every tensor's largest
-            // dimension to be at least the number of processes (a bias of size 1 is not):
-            // the tree takes any shape.
-            .with_global_all_reduce_strategy(AllReduceStrategy::Tree(2)))
+        let round = |offset: u16| -> Result<CollectiveConfig, NodeError> {
+            let port = self.port.checked_add(offset).ok_or_else(|| {
+                NodeError::Address(self.port.to_string(), "the port has no next port".into())
+            })?;
+            Ok(local
+                .clone()
+                .with_num_nodes(self.world_size as u32)
+                .with_global_address(address(port_plus(&self.orchestrator, offset)?)?)
+                .with_node_address(address(format!("ws://{}:{port}", self.host))?)
+                .with_data_service_port(port)
+                // Burn's default between processes is the ring, which needs every tensor's
+                // largest dimension to be at least the number of processes: the tree takes
+                // any shape.
+                .with_global_all_reduce_strategy(AllReduceStrategy::Tree(2)))
+        };
+        Ok(Rounds::Global([round(0)?, round(1)?]))
     }
 }
 
-/// Runs the node; returns each peer's report and each device's memory report, in device
-/// order.
-pub fn run(config: &NodeConfig) -> Result<Vec<Report>, NodeError> {
+/// Runs the node on backend `B`; returns each peer's report and each device's memory report,
+/// in device order.
+///
+/// # Errors
+///
+/// A bad layout, device name or address, and burn-collective's errors.
+pub fn run<B: PeerBackend>(config: &NodeConfig) -> Result<Vec<Report>, NodeError>
+where
+    Autodiff<B>: AutodiffBackend<Device = B::Device>,
+{
     if config.rank >= config.world_size || config.devices.is_empty() {
         return Err(NodeError::Layout {
             rank: config.rank,
@@ -139,19 +210,22 @@ pub fn run(config: &NodeConfig) -> Result<Vec<Report>, NodeError> {
         });
     }
     data::check_peers(config.peers())?;
-    if config.world_size > 1 && config.steps > 0 {
-        return Err(NodeError::GlobalTraining(config.world_size));
-    }
-    let collective = config.collective()?;
-    let handles: Vec<_> = config
+    let devices = config
         .devices
+        .iter()
+        .map(|name| B::Device::parse(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rounds = config.rounds()?;
+    let barrier = Arc::new(Barrier::new(config.devices.len()));
+    let handles: Vec<_> = devices
         .iter()
         .enumerate()
         .map(|(local, device)| {
             let peer = config.rank * config.devices.len() + local;
-            let (config, collective, device) = (config.clone(), collective.clone(), device.clone());
+            let (config, rounds, device) = (config.clone(), rounds.clone(), device.clone());
+            let barrier = barrier.clone();
             let handle = thread::spawn(move || {
-                run_peer(&config, collective, peer, &device)
+                run_peer::<B>(&config, &rounds, &barrier, peer, &device)
                     .map_err(|error| NodeError::Collective { peer, error })
             });
             (peer, handle)
@@ -163,40 +237,100 @@ pub fn run(config: &NodeConfig) -> Result<Vec<Report>, NodeError> {
             handle.join().map_err(|_| NodeError::Panicked(peer))??,
         ));
     }
-    for device in &config.devices {
+    for device in &devices {
         reports.push(Report::memory(config.rank, device));
     }
     Ok(reports)
 }
 
-/// One peer: register, the all-reduce check, training, unregister.
-fn run_peer(
+/// A peer's registrations: one for a process alone, one per global operation otherwise.
+struct Registration<'a, B: PeerBackend> {
+    id: PeerId,
+    device: &'a B::Device,
+    rounds: &'a Rounds,
+    barrier: &'a Barrier,
+    /// The next round to register.
+    round: usize,
+    registered: bool,
+}
+
+impl<B: PeerBackend> Registration<'_, B> {
+    /// Registers for the next operation, unless still registered from the last one (one
+    /// process).
+    fn enter(&mut self) -> Result<(), CollectiveError> {
+        if !self.registered {
+            let config = self.rounds.config(self.round);
+            collective::register::<B>(self.id, self.device.clone(), config)?;
+            self.round += 1;
+            self.registered = true;
+        }
+        Ok(())
+    }
+
+    /// Ends the round after a global operation (several processes): unregisters, then waits
+    /// until every local peer has (burn-collective drops the global node with the last).
+    fn leave(&mut self) -> Result<(), CollectiveError> {
+        if matches!(self.rounds, Rounds::Global(_)) {
+            self.finish()?;
+            self.barrier.wait();
+        }
+        Ok(())
+    }
+
+    /// Unregisters, if registered.
+    fn finish(&mut self) -> Result<(), CollectiveError> {
+        if self.registered {
+            self.registered = false;
+            collective::finish_collective::<B>(self.id)?;
+        }
+        Ok(())
+    }
+}
+
+/// One peer: the all-reduce check, training, each in its registration round(s).
+fn run_peer<B: PeerBackend>(
     config: &NodeConfig,
-    collective: CollectiveConfig,
+    rounds: &Rounds,
+    barrier: &Barrier,
     peer: usize,
-    device: &WgpuDevice,
-) -> Result<PeerReport, CollectiveError> {
+    device: &B::Device,
+) -> Result<PeerReport, CollectiveError>
+where
+    Autodiff<B>: AutodiffBackend<Device = B::Device>,
+{
     let id = PeerId::from(peer);
     let peers = config.peers();
-    collective::register::<Backend>(id, device.clone(), collective)?;
-
-    let input = Tensor::<Backend, 1>::from_floats(check_values(peer).as_slice(), device);
-    let summed = collective::all_reduce::<Backend>(
+    let mut registration = Registration::<B> {
         id,
-        input.into_primitive().tensor(),
-        ReduceOperation::Sum,
-    )?;
-    let all_reduce = Tensor::<Backend, 1>::from_primitive(TensorPrimitive::Float(summed))
+        device,
+        rounds,
+        barrier,
+        round: 0,
+        registered: false,
+    };
+
+    registration.enter()?;
+    let input = Tensor::<B, 1>::from_floats(check_values(peer).as_slice(), device);
+    let summed =
+        collective::all_reduce::<B>(id, input.into_primitive().tensor(), ReduceOperation::Sum)?;
+    let all_reduce = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(summed))
         .into_data()
         .to_vec::<f32>()
         .expect("f32 tensor");
+    registration.leave()?;
 
-    let mut model = Model::new(device);
+    let sync = match rounds {
+        Rounds::Local(_) => GradientSync::PerParameter(id),
+        Rounds::Global(_) => GradientSync::Flattened(id),
+    };
+    let mut model = Model::<Autodiff<B>>::new(device);
     let mut optim = SgdConfig::new().init();
     let mut losses = Vec::with_capacity(config.steps);
     for step in 0..config.steps {
         let shard = data::shard(step, peer, peers).expect("checked before the peers started");
-        let (next, loss) = train::step(model, &mut optim, &shard, device, Some(id))?;
+        registration.enter()?;
+        let (next, loss) = train::step::<B>(model, &mut optim, &shard, device, sync)?;
+        registration.leave()?;
         model = next;
         losses.push(loss);
         println!(
@@ -206,7 +340,7 @@ fn run_peer(
         );
     }
     let params = model.values();
-    collective::finish_collective::<Backend>(id)?;
+    registration.finish()?;
     Ok(PeerReport {
         rank: config.rank,
         peer,
@@ -215,4 +349,24 @@ fn run_peer(
         losses,
         params,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_port_of_an_address() {
+        assert_eq!(
+            port_plus("ws://10.0.0.1:3000", 1).unwrap(),
+            "ws://10.0.0.1:3001"
+        );
+        assert_eq!(port_plus("ws://[::1]:80", 0).unwrap(), "ws://[::1]:80");
+        for bad in ["ws://host", "ws://host:x", "ws://host:65535"] {
+            assert!(
+                matches!(port_plus(bad, 1), Err(NodeError::Address(..))),
+                "{bad}"
+            );
+        }
+    }
 }

@@ -1,8 +1,7 @@
 //! What every process prints: one JSON line per peer and one per device's memory, each after
 //! [`PREFIX`], so that a script (or the loopback test) finds them among other output.
 
-use burn::backend::wgpu::WgpuDevice;
-use burn_caching_alloc::backend;
+use burn_caching_alloc::backend::{self, CachingDevice};
 use serde::{Deserialize, Serialize};
 
 /// The start of every report line.
@@ -61,7 +60,7 @@ pub fn check_values(peer: usize) -> Vec<f32> {
 
 impl Report {
     /// The memory report of `device` now.
-    pub fn memory(rank: usize, device: &WgpuDevice) -> Self {
+    pub fn memory<D: CachingDevice>(rank: usize, device: &D) -> Self {
         let stats = backend::memory_stats(device);
         Report::Memory(MemoryReport {
             rank,

@@ -4,9 +4,15 @@
 //!
 //! - two processes with one device each: the processes meet only at burn-collective's global
 //!   level (WebSocket; each node reads its tensor to the host and writes what it downloads);
-//! - two processes with two devices each: the local level too, where burn-collective moves
-//!   tensors between the two devices with `to_device` (the caching backend's `send`/`recv`);
-//! - one process with two devices, training: `GradientsParams::all_reduce` at the local level.
+//! - two processes with two devices each, the all-reduce and training: the local level too,
+//!   where burn-collective moves tensors between the two devices with `to_device` (the caching
+//!   backend's `send`/`recv`), and the local peers' barrier between registration rounds;
+//! - one process with two devices, training: `GradientsParams::all_reduce` at the local level;
+//! - two processes with one device each, training: one registration round per global
+//!   operation (the check, then each step), the step's gradients flattened into one
+//!   all-reduce (`collective::flat`), rounds alternating between two orchestrators and two
+//!   data ports per node; two steps, so the third round is back on the first orchestrator and
+//!   port.
 //!
 //! Asserted: the all-reduce of small-integer floats equals their sum exactly on every peer;
 //! where the run trains, every peer's parameters after the steps equal those of the one-process
@@ -14,9 +20,8 @@
 //! `collective::data`), and the peers' shard losses average to its loss. Each process prints
 //! its memory statistics; the test prints the per-process peaks.
 //!
-//! Training across processes is not run: burn-collective 0.21.0 completes one operation between
-//! processes and hangs at the second (see `collective::node`), and a step makes one per
-//! parameter. The node refuses it with that reason.
+//! Across processes the node works around burn-collective 0.21.0, which completes only one
+//! operation between processes per registration (see `collective::node`).
 //!
 //! Bounded: every process is killed when the test ends, passed or failed, and a case fails
 //! after `DEADLINE` (generous: two cores, lavapipe, several processes compiling kernels).
@@ -63,10 +68,24 @@ fn cpu_adapter() -> bool {
     false
 }
 
-/// A port nobody listens on now (the OS picks it; released before the process binds it).
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    listener.local_addr().expect("local address").port()
+/// `n` ports nobody listens on now, each with the next one free too (the orchestrator and each
+/// node use a port and the next), all different: the OS picks the first of each pair, and
+/// every pair is held until all are found (released before the processes bind them).
+fn free_port_pairs(n: usize) -> Vec<u16> {
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    while ports.len() < n {
+        let first = TcpListener::bind("0.0.0.0:0").expect("bind a port");
+        let port = first.local_addr().expect("local address").port();
+        let Some(next) = port.checked_add(1) else {
+            continue;
+        };
+        if let Ok(second) = TcpListener::bind(("0.0.0.0", next)) {
+            held.extend([first, second]);
+            ports.push(port);
+        }
+    }
+    ports
 }
 
 /// A private, empty folder for `XDG_RUNTIME_DIR` (libwayland wants an existing one).
@@ -184,7 +203,8 @@ fn memory(reports: &[Report]) -> Vec<MemoryReport> {
 fn run_case(world: usize, devices: &str, steps: usize) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     let deadline = Instant::now() + DEADLINE;
-    let orchestrator_port = free_port();
+    let ports = free_port_pairs(world + 1);
+    let orchestrator_port = ports[world];
     let orchestrator = (world > 1).then(|| {
         let args = [
             "orchestrator".into(),
@@ -202,7 +222,7 @@ fn run_case(world: usize, devices: &str, steps: usize) {
                 "--host",
                 "127.0.0.1",
                 "--port",
-                &free_port().to_string(),
+                &ports[rank].to_string(),
                 "--rank",
                 &rank.to_string(),
                 "--world-size",
@@ -301,9 +321,16 @@ fn two_processes_one_device_each_all_reduce_to_the_exact_sum() {
 }
 
 #[test]
-fn two_processes_two_devices_each_all_reduce_to_the_exact_sum() {
+fn two_processes_two_devices_each_all_reduce_and_train_as_one_device() {
     if cpu_adapter() {
-        run_case(2, "cpu,default", 0);
+        run_case(2, "cpu,default", STEPS);
+    }
+}
+
+#[test]
+fn two_processes_one_device_each_train_as_one_device() {
+    if cpu_adapter() {
+        run_case(2, "cpu", STEPS);
     }
 }
 

@@ -34,14 +34,14 @@
 //! `all_reduce` take it instead (`peer`); what follows is the host path, which wgpu always
 //! takes and CUDA takes when told to or for what NCCL cannot reduce.
 //!
-//! A send and its recv meet by (source device, destination device, stream id): CubeCL names
-//! both clients' streams after the calling thread, so transfers made from several threads at
-//! once pair up correctly. The source is read completely before `send` returns, so no other
+//! A send and its recv meet by (source device, destination device, stream id) in `post`, which
+//! also carries the path `send` chose to `recv`: CubeCL names both clients' streams after the
+//! calling thread, so transfers made from several threads at once pair up correctly. The source is read completely before `send` returns, so no other
 //! stream reads the source block later and nothing has to be recorded on another stream
 //! (PyTorch's `record_stream` for its NCCL process groups): the block may be freed and reused
 //! as soon as the tensor is dropped.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, LazyLock};
 
 use cubecl_common::backtrace::BackTrace;
@@ -57,17 +57,22 @@ use cubecl_runtime::server::{
 };
 use parking_lot::{Condvar, Mutex};
 
+use super::super::comm_path;
 use super::super::driver::Driver;
 use super::CachingServer;
 use super::host_reduce;
 use super::ordering::release_completed;
+use super::peer::OnDevice;
+use super::post::{OFFICE, Posting, Route};
 use super::reserve;
 
-/// The groups a server joined with `comm_init`, and how many all-reduces it ran in each.
+/// The groups a server joined with `comm_init`, how many all-reduces it ran in each on the
+/// host path (`rounds`) and in all (`calls`).
 #[derive(Debug, Default)]
 pub(super) struct CommState {
     groups: HashSet<Vec<DeviceId>>,
     rounds: HashMap<Vec<DeviceId>, u64>,
+    calls: HashMap<Vec<DeviceId>, u64>,
 }
 
 impl CommState {
@@ -78,7 +83,15 @@ impl CommState {
             .any(|group| group.contains(&me) && group.contains(&peer))
     }
 
-    /// The number of the next all-reduce of `group` on this server.
+    /// The number of the next all-reduce of `group` on this server, whatever its path: the
+    /// k-th of every member is the same all-reduce.
+    fn next_call(&mut self, group: &[DeviceId]) -> u64 {
+        let call = self.calls.entry(group.to_vec()).or_default();
+        *call += 1;
+        *call
+    }
+
+    /// The number of the next all-reduce of `group` on this server's host path.
     fn next_round(&mut self, group: &[DeviceId]) -> u64 {
         let round = self.rounds.entry(group.to_vec()).or_default();
         *round += 1;
@@ -105,50 +118,6 @@ fn not_initialised(me: DeviceId, peers: &[DeviceId]) -> ServerError {
         "caching allocator: device {me} has no communication group with {peers:?}: \
          `comm_init` was never called for these devices"
     ))
-}
-
-/// Where a transfer's bytes wait for their `recv`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Route {
-    src: DeviceId,
-    dst: DeviceId,
-    stream: u64,
-}
-
-/// Bytes sent and not yet received, in the order they were sent, per route.
-#[derive(Default)]
-struct PostOffice {
-    parcels: Mutex<HashMap<Route, VecDeque<Result<Bytes, ServerError>>>>,
-    arrived: Condvar,
-}
-
-static POST: LazyLock<PostOffice> = LazyLock::new(PostOffice::default);
-
-impl PostOffice {
-    fn post(&self, route: Route, parcel: Result<Bytes, ServerError>) {
-        self.parcels
-            .lock()
-            .entry(route)
-            .or_default()
-            .push_back(parcel);
-        self.arrived.notify_all();
-    }
-
-    /// The oldest parcel on `route`, waiting for its `send` if it has not run yet.
-    fn collect(&self, route: Route) -> Result<Bytes, ServerError> {
-        let mut parcels = self.parcels.lock();
-        loop {
-            if let Some(queue) = parcels.get_mut(&route)
-                && let Some(parcel) = queue.pop_front()
-            {
-                if queue.is_empty() {
-                    parcels.remove(&route);
-                }
-                return parcel;
-            }
-            self.arrived.wait(&mut parcels);
-        }
-    }
 }
 
 /// What a round's members share: each member's host copy until the last arrives, then the
@@ -357,15 +326,16 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
         if !self.comm.connected(self.device, device_id_dst) {
             let err = not_initialised(self.device, &[device_id_dst]);
             // The peer may already wait in `recv`: it gets the error, not a hang.
-            POST.post(route, Err(err.clone()));
+            OFFICE.post::<D>(route, Posting::Host(Err(err.clone())));
             return Err(err);
         }
+        // The path is chosen here, once: the posting carries it to `recv` (`post`).
         if self.peer_path(desc.handle.size_in_used()) {
             self.send_to_peer(desc, stream_id, device_id_dst);
             return Ok(());
         }
-        let parcel = self.read_all(desc, stream_id);
-        POST.post(route, parcel);
+        let bytes = self.read_all(desc, stream_id);
+        OFFICE.post::<D>(route, Posting::Host(bytes));
         Ok(())
     }
 
@@ -379,17 +349,19 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
         if !self.comm.connected(self.device, device_id_src) {
             return Err(not_initialised(self.device, &[device_id_src]));
         }
-        if self.peer_path(handle.size_in_used()) {
-            self.recv_from_peer(handle, stream_id, device_id_src);
-            return Ok(());
-        }
-        let parcel = POST.collect(Route {
+        // The path `send` took, whatever the setting says now.
+        let posting = OFFICE.collect::<D>(Route {
             src: device_id_src,
             dst: self.device,
             stream: stream_id.value,
         });
-        if let Err(err) = self.receive(&handle, parcel, stream_id) {
-            self.push_error(stream_id, err);
+        match posting {
+            Posting::Device(parcel) => self.recv_from_peer(handle, stream_id, parcel),
+            Posting::Host(bytes) => {
+                if let Err(err) = self.receive(&handle, bytes, stream_id) {
+                    self.push_error(stream_id, err);
+                }
+            }
         }
         Ok(())
     }
@@ -407,13 +379,25 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
         if !group.contains(&self.device) || !self.comm.groups.contains(&group) {
             return Err(not_initialised(self.device, &group));
         }
-        if self.all_reduce_on_device(&src, &dst, dtype, stream_id, &op, &group) {
-            return Ok(());
-        }
+        // The path of this all-reduce as its first member read the setting: the same on every
+        // member, whatever the setting is by the time each gets here.
+        let call = self.comm.next_call(&group);
+        let path = comm_path::agreed(&group, call, self.device);
+        let failed =
+            match self.all_reduce_on_device(&src, &dst, dtype, stream_id, &op, &group, &path) {
+                OnDevice::Done => return Ok(()),
+                OnDevice::Host => None,
+                OnDevice::HostFailed(err) => Some(err),
+            };
         let round = self.comm.next_round(&group);
         let len = src.size_in_used() as usize;
         // The member's one host copy: the read's own buffer, reduced in place if it is first.
-        let data = self.read_all(bytes_of(src, len), stream_id);
+        // A member that failed already contributes its error: the others meet it in the
+        // round instead of waiting for bytes that will not come.
+        let data = match failed {
+            Some(err) => Err(err),
+            None => self.read_all(bytes_of(src, len), stream_id),
+        };
         let reduced = COLLECTIVES.all_reduce(&group, round, self.device, data, dtype, &op);
         let written = reduced.and_then(|data| {
             if data.len() as u64 > dst.size_in_used() {

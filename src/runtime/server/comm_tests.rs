@@ -319,3 +319,47 @@ fn all_reduce_of_mismatched_buffers_is_an_error_on_every_members_stream() {
         assert!(err.to_string().contains("different sizes"), "{err}");
     }
 }
+
+#[test]
+fn a_member_that_fails_before_its_part_meets_the_others_in_the_host_round_with_its_error() {
+    // The first member's destination holds fewer bytes than its source: refused before the
+    // reduction. It still takes its place in the round (with its error), so the others get
+    // that error instead of waiting for it forever; the next round pairs up as before.
+    let inputs = [f32_bytes(&[1.0, 2.0]), f32_bytes(&[3.0, 4.0])];
+    let results: Vec<(String, Vec<u8>)> = on_every_member(&inputs, |h, buffer, on, ids, len| {
+        let first = h.server.device == ids[0];
+        let dst = match first {
+            true => tensor(h, &[0u8; 4], on),
+            false => buffer.clone(),
+        };
+        h.server
+            .all_reduce(
+                buffer.clone().binding(),
+                dst.binding(),
+                F32,
+                on,
+                ReduceOperation::Sum,
+                ids.clone(),
+            )
+            .expect("the call itself returns");
+        let err = read(h, buffer, len, on).expect_err("the round failed");
+        h.server
+            .all_reduce(
+                buffer.clone().binding(),
+                buffer.clone().binding(),
+                F32,
+                on,
+                ReduceOperation::Sum,
+                ids,
+            )
+            .expect("the call itself returns");
+        (
+            err.to_string(),
+            read(h, buffer, len, on).expect("the next round"),
+        )
+    });
+    for (err, next) in results {
+        assert!(err.contains("into a buffer of 4 bytes"), "{err}");
+        assert_eq!(next, f32_bytes(&[4.0, 6.0]));
+    }
+}

@@ -38,6 +38,7 @@ mod ordering;
 mod peer;
 #[cfg(test)]
 mod peer_tests;
+mod post;
 mod reserve;
 mod streams;
 #[cfg(test)]

@@ -26,21 +26,21 @@
 //! destination, and holds those of other streams until an event after the collective; the
 //! collective itself is the driver's, on the calling stream.
 
-use std::any::Any;
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use cubecl_common::backtrace::BackTrace;
 use cubecl_common::device::DeviceId;
 use cubecl_common::stream_id::StreamId;
 use cubecl_ir::ElemType;
 use cubecl_runtime::server::{Binding, CopyDescriptor, Handle, ReduceOperation, ServerError};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
+use super::super::comm_path::Communication;
 use super::super::driver::{Collective, DeviceReduce, Driver};
 use super::CachingServer;
 use super::checks;
 use super::ordering::{PeerCopy, PeerCopyState, note_rewrites};
+use super::post::{OFFICE, Posting, Route};
 
 fn generic(reason: String) -> ServerError {
     ServerError::Generic {
@@ -49,70 +49,27 @@ fn generic(reason: String) -> ServerError {
     }
 }
 
-/// Where a posting waits for its `recv`: the pair and the calling thread's stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Route {
-    src: DeviceId,
-    dst: DeviceId,
-    stream: u64,
+/// What the host path of an all-reduce has left to do after the device path.
+pub(super) enum OnDevice {
+    /// Nothing: issued on the device, or failed there with the error on the stream (every
+    /// other member gets an error too).
+    Done,
+    /// The whole all-reduce.
+    Host,
+    /// This member failed before its part: the error is its contribution to the round.
+    HostFailed(ServerError),
 }
 
 /// What `send` posts for the device path: the staging block as the peer copies it, and the
 /// state both servers share.
-struct Parcel<D: Driver> {
+pub(super) struct Parcel<D: Driver> {
     buffer: D::PeerBuffer,
     copy: PeerCopyState<D::Event>,
 }
 
-type Posting<D> = Result<Parcel<D>, ServerError>;
-
-/// Postings not yet received, per route in send order. Boxed as `Any`: one office serves every
-/// driver type (routes never mix them: device ids carry their runtime's type).
-#[derive(Default)]
-struct Office {
-    postings: Mutex<HashMap<Route, VecDeque<Box<dyn Any + Send>>>>,
-    arrived: Condvar,
-}
-
-static OFFICE: LazyLock<Office> = LazyLock::new(Office::default);
-
-impl Office {
-    fn post<D: Driver>(&self, route: Route, posting: Posting<D>) {
-        self.postings
-            .lock()
-            .entry(route)
-            .or_default()
-            .push_back(Box::new(posting));
-        self.arrived.notify_all();
-    }
-
-    /// The oldest posting on `route`, waiting for its `send` if it has not run yet.
-    fn collect<D: Driver>(&self, route: Route) -> Posting<D> {
-        let mut postings = self.postings.lock();
-        let boxed = loop {
-            if let Some(queue) = postings.get_mut(&route)
-                && let Some(posting) = queue.pop_front()
-            {
-                if queue.is_empty() {
-                    postings.remove(&route);
-                }
-                break posting;
-            }
-            self.arrived.wait(&mut postings);
-        };
-        match boxed.downcast::<Posting<D>>() {
-            Ok(posting) => *posting,
-            Err(_) => Err(generic(format!(
-                "caching allocator: the transfer from {} to {} was sent by another device API",
-                route.src, route.dst
-            ))),
-        }
-    }
-}
-
 impl<D: Driver> CachingServer<D> {
-    /// Whether a transfer of `len` bytes goes device to device (both sides answer the same:
-    /// the driver type and the size are the same on both).
+    /// Whether a transfer of `len` bytes goes device to device. Asked by `send` only: the
+    /// posting carries the answer to `recv` (`post`).
     pub(super) fn peer_path(&self, len: u64) -> bool {
         len > 0 && self.driver.peer_copies()
     }
@@ -130,11 +87,15 @@ impl<D: Driver> CachingServer<D> {
             dst,
             stream: stream_id.value,
         };
-        let posting = self.export(desc, stream_id);
-        OFFICE.post::<D>(route, posting);
+        let parcel = self.export(desc, stream_id);
+        OFFICE.post::<D>(route, Posting::Device(parcel));
     }
 
-    fn export(&mut self, desc: CopyDescriptor, stream_id: StreamId) -> Posting<D> {
+    fn export(
+        &mut self,
+        desc: CopyDescriptor,
+        stream_id: StreamId,
+    ) -> Result<Parcel<D>, ServerError> {
         checks::contiguous(&desc.shape, &desc.strides)?;
         let len = checks::tensor_bytes(&desc.shape, desc.elem_size)?;
         let (src, used, foreign) = self.resolve_use(desc.handle, stream_id)?;
@@ -162,15 +123,16 @@ impl<D: Driver> CachingServer<D> {
         Ok(Parcel { buffer, copy })
     }
 
-    /// `recv` by a device copy (see the module docs). Never fails: an error is kept on the
-    /// stream, as the host path does.
-    pub(super) fn recv_from_peer(&mut self, handle: Handle, stream_id: StreamId, src: DeviceId) {
-        let posting = OFFICE.collect::<D>(Route {
-            src,
-            dst: self.device,
-            stream: stream_id.value,
-        });
-        if let Err(err) = self.import(handle, posting, stream_id) {
+    /// The end of a `recv` whose `send` took the device path (see the module docs): the copy
+    /// from the posted staging block. Never fails: an error is kept on the stream, as the host
+    /// path does.
+    pub(super) fn recv_from_peer(
+        &mut self,
+        handle: Handle,
+        stream_id: StreamId,
+        parcel: Result<Parcel<D>, ServerError>,
+    ) {
+        if let Err(err) = self.import(handle, parcel, stream_id) {
             self.push_error(stream_id, err);
         }
     }
@@ -178,10 +140,10 @@ impl<D: Driver> CachingServer<D> {
     fn import(
         &mut self,
         handle: Handle,
-        posting: Posting<D>,
+        parcel: Result<Parcel<D>, ServerError>,
         stream_id: StreamId,
     ) -> Result<(), ServerError> {
-        let parcel = posting?;
+        let parcel = parcel?;
         let copied = (|| {
             self.reserve_bound(handle.memory.clone(), handle.size(), stream_id)?;
             let dst = self.resolve_binding(handle.binding())?;
@@ -205,8 +167,13 @@ impl<D: Driver> CachingServer<D> {
         }
     }
 
-    /// `all_reduce` on the device if the driver takes it; `false` leaves it to the host path.
-    /// A failure is kept on the stream (`true`: nothing left for the host path to do).
+    /// `all_reduce` on the device if the driver takes it, else what the host path has to do.
+    ///
+    /// A failure of this member before or at its collective (a destination too small, a
+    /// failed launch) must not leave the other members waiting for it: the driver is told
+    /// ([`Driver::abandon_all_reduce`]; NCCL's group is broken and its queued collectives
+    /// cancelled), and where the group takes the host path the failure is this member's
+    /// contribution to the host round ([`OnDevice::HostFailed`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn all_reduce_on_device(
         &mut self,
@@ -216,17 +183,22 @@ impl<D: Driver> CachingServer<D> {
         stream_id: StreamId,
         op: &ReduceOperation,
         group: &[DeviceId],
-    ) -> bool {
-        match self.try_all_reduce_on_device(src, dst, dtype, stream_id, op, group) {
-            Ok(DeviceReduce::Issued) => true,
-            Ok(DeviceReduce::Host) => false,
-            Err(err) => {
-                self.push_error(stream_id, err);
-                true
-            }
+        path: &Result<Communication, String>,
+    ) -> OnDevice {
+        match self.try_all_reduce_on_device(src, dst, dtype, stream_id, op, group, path) {
+            Ok(DeviceReduce::Issued) => OnDevice::Done,
+            Ok(DeviceReduce::Host) => OnDevice::Host,
+            Err(err) => match self.driver.abandon_all_reduce(group, dtype, op, path, &err) {
+                DeviceReduce::Host => OnDevice::HostFailed(err),
+                DeviceReduce::Issued => {
+                    self.push_error(stream_id, err);
+                    OnDevice::Done
+                }
+            },
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn try_all_reduce_on_device(
         &mut self,
         src: &Binding,
@@ -235,6 +207,7 @@ impl<D: Driver> CachingServer<D> {
         stream_id: StreamId,
         op: &ReduceOperation,
         group: &[DeviceId],
+        path: &Result<Communication, String>,
     ) -> Result<DeviceReduce, ServerError> {
         let len = src.size_in_used() as usize;
         if len == 0 {
@@ -268,6 +241,7 @@ impl<D: Driver> CachingServer<D> {
                     op,
                     group,
                     rank,
+                    path,
                 },
             )
         }?;

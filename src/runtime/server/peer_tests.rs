@@ -188,3 +188,41 @@ fn transfers_from_several_threads_pair_up_by_stream_and_cross_without_deadlock()
         vec![9u8; 512]
     );
 }
+
+/// A transfer ends on the path its `send` chose: the communication setting is read at each
+/// transfer, and `set_communication` between a `send` and its `recv` (here: the drivers'
+/// answer flipped between the two) must not send the `recv` to wait on the other path's
+/// queue. Both directions: device path then host, host then device.
+#[test]
+fn a_transfer_ends_on_the_path_its_send_chose_when_the_setting_changes_before_its_recv() {
+    let set_path = |a: &Harness, b: &Harness, device: bool| {
+        a.seen.lock().peer_copies = device;
+        b.seen.lock().peer_copies = device;
+    };
+    for device_at_send in [true, false] {
+        let (mut a, mut b) = pair();
+        let on = stream(0);
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 % 251) as u8).collect();
+        let source = tensor(&mut a, &data, on);
+
+        set_path(&a, &b, device_at_send);
+        send(&mut a, &b, &source, data.len(), on);
+        set_path(&a, &b, !device_at_send);
+        let moved = recv(&mut b, &a, data.len(), on);
+
+        assert_eq!(
+            read(&mut b, &moved, data.len(), on).expect("read"),
+            data,
+            "send on the {} path",
+            if device_at_send { "device" } else { "host" }
+        );
+        let (exports, imports) = (a.seen.lock().exports.len(), b.seen.lock().imports.len());
+        let copies = usize::from(device_at_send);
+        assert_eq!((exports, imports), (copies, copies));
+        assert_eq!(
+            peer_reads(&a),
+            copies,
+            "the staging block is held iff copied"
+        );
+    }
+}
