@@ -334,7 +334,7 @@ impl<D: Driver> CachingServer<D> {
             .then(|| binding.memory.clone());
         let cursor = self
             .streams
-            .get(&mut self.driver, stream)
+            .peek(&mut self.driver, stream)
             .memory
             .manager()
             .get_cursor(binding.memory.clone())?;
@@ -379,12 +379,12 @@ impl<D: Driver> CachingServer<D> {
         let before = self.cubecl_layer();
         for id in self.streams.ids() {
             // As for `memory_cleanup`: the work submitted so far is issued before its slices
-            // may serve other tensors.
-            let (driver, driver_stream) = self.split(id);
-            if let Err(err) = driver.flush(driver_stream) {
-                self.push_error(id, err);
+            // may serve other tensors. A reading touches no slot: it says nothing of whether
+            // the slot's threads are still there.
+            let stream = self.streams.peek(&mut self.driver, id);
+            if let Err(err) = self.driver.flush(&mut stream.driver) {
+                stream.push_error(err);
             }
-            let stream = self.streams.get(&mut self.driver, id);
             stream.metadata = None;
             // Outside the reclaim policy: a reading neither counts as the workload's reclaim
             // work nor moves the marks the policy decides the next walks by.
@@ -400,6 +400,7 @@ impl<D: Driver> CachingServer<D> {
         for stream in self.streams.all() {
             layer.add_stream(&stream.memory.usage(), stream.memory.counters());
         }
+        layer.slot_reuses = self.streams.reuses();
         *self.cubecl_usage.lock() = layer;
         layer
     }
