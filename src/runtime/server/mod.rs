@@ -2,7 +2,8 @@
 //!
 //! The server translates CubeCL's calls and owns no placement logic. Its parts, one concern
 //! each:
-//! - `streams`: CubeCL stream ids mapped onto bounded slots (`id % max_streams`), per slot a
+//! - `streams`: CubeCL stream ids mapped onto bounded slots (a new thread takes an idle slot,
+//!   else `id % max_streams`), per slot a
 //!   [`StreamMemory`](super::StreamMemory) (CubeCL's persistent `MemoryManagement` over the
 //!   engine), the driver's stream state and the errors waiting to be reported;
 //! - `reserve`: a new tensor's slice, with the out-of-memory path across streams;
