@@ -84,15 +84,17 @@ fn reserved_per_round<B: Backend<Device = burn::backend::wgpu::WgpuDevice>>(
     reserved
 }
 
-/// Reserved memory does not climb with the rounds: no round reserves more than 1.3 times the
-/// first. Measured with slot reuse (new threads take the idle slots of earlier ones, and
-/// threads of one round waiting at the step share them): 16 MiB after every round, or 16, 16,
-/// 18, 18, 20, 20, fused; 16 then 18, or 14 then 16, unfused: which threads of a round share a
-/// slot depends on the scheduling, and a round may add one 2 MiB segment until the pattern
-/// that needs most has been seen. Before slot reuse: 22 after the first round and 22 or 24
-/// after every later one (less growth, more memory); before another stream's segments of the
-/// other pool could be borrowed, 20, 26, 32, 32 fused and 20, 30, 30, 34 unfused. Issue 38
-/// asks for 5 %: not met here (one 2 MiB segment is an eighth of the first round).
+/// Reserved memory does not climb with the rounds: no round reserves more than 1.2 times the
+/// first. Measured with slot reuse: 20 or 22 MiB after the first round and 22 or 24 after
+/// every later one, fused and unfused (three runs); as before slot reuse (22, then 22 or 24):
+/// the threads of a round run in step, so none looks idle to the next round's threads for
+/// `REUSE_AFTER` operations and each round's threads mostly get slots of their own. Before
+/// another stream's segments of the other pool could be borrowed, 20, 26, 32, 32 fused and
+/// 20, 30, 30, 34 unfused, rising by a segment or more a round. Issue 38 asks for 5 %; what is
+/// left is one 2 MiB segment that a round may add while its own threads hold free slices in
+/// CubeCL's exact-size pools at the moment of a miss. (A hand-back of every other slot's free
+/// slices before the engine grows brought this run to 12 to 16 MiB but made the soak's
+/// steady state grow a segment in a later round: not kept.)
 fn assert_flat(name: &str, reserved: &[u64]) {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let rounds: Vec<String> = reserved.iter().map(|&b| format!("{:.1}", mib(b))).collect();
@@ -103,8 +105,8 @@ fn assert_flat(name: &str, reserved: &[u64]) {
     let first = reserved[0] as f64;
     for (round, &bytes) in reserved.iter().enumerate().skip(1) {
         assert!(
-            (bytes as f64) <= first * 1.3,
-            "{name}: reserved after round {} is {:.1} MiB, more than 1.3 times round 1's \
+            (bytes as f64) <= first * 1.2,
+            "{name}: reserved after round {} is {:.1} MiB, more than 1.2 times round 1's \
              {:.1} MiB: {reserved:?}",
             round + 1,
             mib(bytes),

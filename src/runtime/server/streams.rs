@@ -58,7 +58,7 @@ pub(crate) const IDLE_PERIOD: u64 = 4096;
 
 /// Operations on a device during which no operation of a slot's own threads touched it, before
 /// a new thread is given that slot instead of one of its own (see the module documentation).
-pub(crate) const REUSE_AFTER: u64 = 8;
+pub(crate) const REUSE_AFTER: u64 = 32;
 
 /// The slot of CubeCL stream `id` among `max_streams` (cubecl-runtime's `stream_index`).
 pub(crate) fn slot(id: StreamId, max_streams: usize) -> usize {
