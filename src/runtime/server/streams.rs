@@ -98,6 +98,18 @@ impl<D: Driver> ServerStream<D> {
     }
 }
 
+/// The reclaim policy of a stream slot given out now: every tensor an engine event while the
+/// engine records a trace or caches nothing (see `get_slot`), else amortised.
+fn policy_for<M: crate::device::DeviceMemory>(allocator: &CachingAllocator<M>) -> ReclaimPolicy {
+    if allocator.history_options().enabled == RecordMode::All
+        || allocator.config().no_cuda_memory_caching
+    {
+        ReclaimPolicy::EveryReserve
+    } else {
+        ReclaimPolicy::Amortised
+    }
+}
+
 /// Every stream slot the server has used, created on first use.
 pub(super) struct Streams<D: Driver> {
     allocator: Arc<CachingAllocator<D::Memory>>,
@@ -202,6 +214,11 @@ impl<D: Driver> Streams<D> {
         self.assigned.insert(id.value, slot);
         if let Some(stream) = self.streams.get_mut(&slot) {
             stream.owner = Some(id.value);
+            if idle.is_some() {
+                // As for a slot created now: a thread that starts while the engine records
+                // sees every tensor as an engine event.
+                stream.memory.set_policy(policy_for(&self.allocator));
+            }
         }
         slot
     }
@@ -287,13 +304,7 @@ impl<D: Driver> Streams<D> {
             // which every operation makes.
             // Without caching (`no_cuda_memory_caching`) CubeCL's exact-size reuse is bypassed
             // the same way, so that every tensor is an engine request of its own.
-            let policy = if allocator.history_options().enabled == RecordMode::All
-                || allocator.config().no_cuda_memory_caching
-            {
-                ReclaimPolicy::EveryReserve
-            } else {
-                ReclaimPolicy::Amortised
-            };
+            let policy = policy_for(allocator);
             let engine_stream = DeviceStream(slot as u64);
             ServerStream {
                 memory: StreamMemory::new(allocator.clone(), engine_stream, properties)
