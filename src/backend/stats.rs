@@ -99,6 +99,7 @@ impl CachingMemoryStats {
         let c = &self.cubecl;
         for (key, value) in [
             ("cubecl.streams", c.streams),
+            ("cubecl.slot_reuses", c.slot_reuses),
             ("cubecl.live_slices", c.live_slices),
             ("cubecl.tensor_bytes", c.tensor_bytes),
             ("cubecl.padding_bytes", c.padding_bytes),

@@ -259,6 +259,12 @@ impl<D: DeviceMemory> StreamMemory<D> {
         self
     }
 
+    /// Changes when this stream hands free slices back to the engine (for a stream slot handed
+    /// to a new thread: as for a stream created then).
+    pub fn set_policy(&mut self, policy: ReclaimPolicy) {
+        self.policy = policy;
+    }
+
     /// When this stream hands free slices back to the engine.
     pub fn policy(&self) -> ReclaimPolicy {
         self.policy

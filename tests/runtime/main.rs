@@ -4,7 +4,7 @@
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
 //! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`, `components_wgpu`,
-//!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`,
+//!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`, `loader_epochs_wgpu`,
 //!   `mem_pool_wgpu`, `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`,
 //!   `scopes_wgpu`, `soak_wgpu`,
 //!   `thread_rounds_wgpu`,
@@ -66,6 +66,8 @@ mod expandable_wgpu;
 mod history_wgpu;
 #[cfg(feature = "wgpu")]
 mod launches_wgpu;
+#[cfg(feature = "wgpu")]
+mod loader_epochs_wgpu;
 #[cfg(feature = "wgpu")]
 mod mem_pool_wgpu;
 #[cfg(all(feature = "wgpu", feature = "train"))]

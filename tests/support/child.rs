@@ -23,7 +23,7 @@ pub fn in_child(test: &str, envs: &[(&str, Option<&OsStr>)]) -> bool {
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut command = Command::new(exe);
     command
-        .args([test, "--exact", "--test-threads=1"])
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
         .env(CHILD_ENV, test);
     for (name, value) in envs {
         match value {
@@ -34,6 +34,8 @@ pub fn in_child(test: &str, envs: &[(&str, Option<&OsStr>)]) -> bool {
     let output = command.output().expect("the test binary starts again");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
+    // What the child printed, for `--nocapture` (libtest captures it otherwise).
+    print!("{stdout}");
     assert!(
         output.status.success() && stdout.contains("test result: ok. 1 passed"),
         "`{test}` in a child process: {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",

@@ -10,6 +10,9 @@ use super::super::stream_memory::ReclaimCounters;
 pub struct CubeclLayerUsage {
     /// Streams with a memory manager.
     pub streams: u64,
+    /// New threads given the idle slot of an earlier thread (its stream, its CubeCL pool and
+    /// its engine cache) instead of a slot of their own, so far.
+    pub slot_reuses: u64,
     /// Slices held by live tensors.
     pub live_slices: u64,
     /// Bytes of live tensors (what CubeCL calls `bytes_in_use`).

@@ -2,7 +2,8 @@
 //!
 //! The server translates CubeCL's calls and owns no placement logic. Its parts, one concern
 //! each:
-//! - `streams`: CubeCL stream ids mapped onto bounded slots (`id % max_streams`), per slot a
+//! - `streams`: CubeCL stream ids mapped onto bounded slots (a new thread takes an idle slot,
+//!   else `id % max_streams`), per slot a
 //!   [`StreamMemory`](super::StreamMemory) (CubeCL's persistent `MemoryManagement` over the
 //!   engine), the driver's stream state and the errors waiting to be reported;
 //! - `reserve`: a new tensor's slice, with the out-of-memory path across streams;
@@ -335,7 +336,7 @@ impl<D: Driver> CachingServer<D> {
             .then(|| binding.memory.clone());
         let cursor = self
             .streams
-            .get(&mut self.driver, stream)
+            .peek(&mut self.driver, stream)
             .memory
             .manager()
             .get_cursor(binding.memory.clone())?;
@@ -380,12 +381,12 @@ impl<D: Driver> CachingServer<D> {
         let before = self.cubecl_layer();
         for id in self.streams.ids() {
             // As for `memory_cleanup`: the work submitted so far is issued before its slices
-            // may serve other tensors.
-            let (driver, driver_stream) = self.split(id);
-            if let Err(err) = driver.flush(driver_stream) {
-                self.push_error(id, err);
+            // may serve other tensors. A reading touches no slot: it says nothing of whether
+            // the slot's threads are still there.
+            let stream = self.streams.peek(&mut self.driver, id);
+            if let Err(err) = self.driver.flush(&mut stream.driver) {
+                stream.push_error(err);
             }
-            let stream = self.streams.get(&mut self.driver, id);
             stream.metadata = None;
             // Outside the reclaim policy: a reading neither counts as the workload's reclaim
             // work nor moves the marks the policy decides the next walks by.
@@ -401,6 +402,7 @@ impl<D: Driver> CachingServer<D> {
         for stream in self.streams.all() {
             layer.add_stream(&stream.memory.usage(), stream.memory.counters());
         }
+        layer.slot_reuses = self.streams.reuses();
         *self.cubecl_usage.lock() = layer;
         layer
     }

@@ -9,6 +9,21 @@
 //! leaving a stream and its cache behind. The default bound is CubeCL's own
 //! (`streaming.max_streams` of CubeCL's configuration, 128).
 //!
+//! **Slot reuse** (with `cross_stream_reuse`, the default): a thread seen for the first time
+//! is given the least recently used slot that no operation of its own threads touched for
+//! [`REUSE_AFTER`] operations of the device, and only when there is none CubeCL's slot of its
+//! id; it keeps that slot for its lifetime (a buffer remembers its maker's id, and the
+//! ordering rules find the slot by it). PyTorch's streams come from a fixed pool and threads
+//! share the current stream; here the new workers of every epoch take over the slots of the
+//! workers that are gone, with their CubeCL pools and their engine caches, so their memory
+//! serves them under the per-stream rule itself, even where a tensor the old worker made is
+//! still alive and pins its segment (burn-fusion keeps the last batch's integer tensor of each
+//! data-loader worker: without slot reuse every epoch left one 2 MiB segment per worker). A
+//! slot that only looks idle (a thread waiting on a channel) may be shared with a new thread:
+//! that is what ids beyond `max_streams` do anyway, ordered by the one driver stream. A use of
+//! a slot's buffer by another stream and a reading of the numbers do not count as touching it.
+//! `cross_stream_reuse:false` keeps PyTorch's rule: every thread's stream is its own.
+//!
 //! A slot whose thread has gone (a data-loader worker of the previous epoch) is never asked
 //! for memory again, so the exact-size slices its CubeCL pool keeps free would never reach
 //! the engine, which would share them with other streams (`cross_stream_reuse`). The table
@@ -41,6 +56,10 @@ use crate::device::DeviceStream;
 /// previous look (see the module documentation).
 pub(crate) const IDLE_PERIOD: u64 = 4096;
 
+/// Operations on a device during which no operation of a slot's own threads touched it, before
+/// a new thread is given that slot instead of one of its own (see the module documentation).
+pub(crate) const REUSE_AFTER: u64 = 32;
+
 /// The slot of CubeCL stream `id` among `max_streams` (cubecl-runtime's `stream_index`).
 pub(crate) fn slot(id: StreamId, max_streams: usize) -> usize {
     (id.value % max_streams.max(1) as u64) as usize
@@ -68,6 +87,27 @@ pub(super) struct ServerStream<D: Driver> {
     touched: u64,
     /// Whether the slot's free slices were handed back as idle since it was last touched.
     handed_back: bool,
+    /// The CubeCL stream id last given this slot, for calls that visit every slot.
+    owner: Option<u64>,
+}
+
+impl<D: Driver> ServerStream<D> {
+    /// Keeps `error` for the next `read`, `sync` or `flush` of this stream.
+    pub(super) fn push_error(&mut self, error: ServerError) {
+        self.errors.push(error);
+    }
+}
+
+/// The reclaim policy of a stream slot given out now: every tensor an engine event while the
+/// engine records a trace or caches nothing (see `get_slot`), else amortised.
+fn policy_for<M: crate::device::DeviceMemory>(allocator: &CachingAllocator<M>) -> ReclaimPolicy {
+    if allocator.history_options().enabled == RecordMode::All
+        || allocator.config().no_cuda_memory_caching
+    {
+        ReclaimPolicy::EveryReserve
+    } else {
+        ReclaimPolicy::Amortised
+    }
 }
 
 /// Every stream slot the server has used, created on first use.
@@ -80,6 +120,14 @@ pub(super) struct Streams<D: Driver> {
     operations: u64,
     /// The operation count at the last look for idle slots.
     last_look: u64,
+    /// The slot of every CubeCL stream id seen, fixed for the id's lifetime: a buffer
+    /// remembers the id of the stream that made it, and the ordering rules find its slot by
+    /// that id.
+    assigned: HashMap<u64, usize>,
+    /// Stream ids given an idle slot of an earlier thread.
+    reuses: u64,
+    /// [`REUSE_AFTER`], or `u64::MAX` in tests of what happens without slot reuse.
+    reuse_after: u64,
 }
 
 impl<D: Driver> Streams<D> {
@@ -95,6 +143,9 @@ impl<D: Driver> Streams<D> {
             streams: HashMap::new(),
             operations: 0,
             last_look: 0,
+            assigned: HashMap::new(),
+            reuses: 0,
+            reuse_after: REUSE_AFTER,
         }
     }
 
@@ -113,15 +164,69 @@ impl<D: Driver> Streams<D> {
         true
     }
 
-    /// The slot of CubeCL stream `id`.
+    /// The slot of CubeCL stream `id`: the one it was given when first seen, else CubeCL's.
     pub(super) fn slot(&self, id: StreamId) -> usize {
-        slot(id, self.max_streams)
+        match self.assigned.get(&id.value) {
+            Some(&slot) => slot,
+            None => slot(id, self.max_streams),
+        }
+    }
+
+    /// New threads get slots of their own, never an idle one (for tests of the idle hand-back
+    /// and of the engine's cross-stream reuse, which slot reuse would leave nothing to do).
+    #[cfg(test)]
+    pub(super) fn never_reuse_slots(&mut self) {
+        self.reuse_after = u64::MAX;
+    }
+
+    /// How many stream ids were given an idle slot of an earlier thread so far.
+    pub(super) fn reuses(&self) -> u64 {
+        self.reuses
+    }
+
+    /// The slot of `id`, given on first sight: the least recently touched slot that no
+    /// operation touched for [`REUSE_AFTER`] operations (a thread that is gone, or one that
+    /// has been waiting; sharing a slot is correct either way, as for ids beyond
+    /// `max_streams`), else CubeCL's slot of `id`.
+    fn assign(&mut self, id: StreamId) -> usize {
+        if let Some(&slot) = self.assigned.get(&id.value) {
+            return slot;
+        }
+        let operations = self.operations;
+        // Under PyTorch's per-stream rule (`cross_stream_reuse:false`) a new thread's stream
+        // is its own, as in PyTorch: nothing it did not allocate itself serves it.
+        let reuse = self.allocator.config().cross_stream_reuse;
+        let idle = self
+            .streams
+            .iter()
+            .filter(|(_, stream)| {
+                reuse && stream.touched.saturating_add(self.reuse_after) <= operations
+            })
+            .min_by_key(|(slot, stream)| (stream.touched, **slot))
+            .map(|(slot, _)| *slot);
+        let slot = match idle {
+            Some(slot) => {
+                self.reuses += 1;
+                slot
+            }
+            None => slot(id, self.max_streams),
+        };
+        self.assigned.insert(id.value, slot);
+        if let Some(stream) = self.streams.get_mut(&slot) {
+            stream.owner = Some(id.value);
+            if idle.is_some() {
+                // As for a slot created now: a thread that starts while the engine records
+                // sees every tensor as an engine event.
+                stream.memory.set_policy(policy_for(&self.allocator));
+            }
+        }
+        slot
     }
 
     /// The stream of `id`'s slot, created (with its driver state from `driver`) on first use,
     /// for an operation on it.
     pub(super) fn get(&mut self, driver: &mut D, id: StreamId) -> &mut ServerStream<D> {
-        let slot = self.slot(id);
+        let slot = self.assign(id);
         self.operations += 1;
         if !self.streams.contains_key(&slot) {
             // A new thread: the slots of threads that are gone give their free slices back
@@ -133,7 +238,16 @@ impl<D: Driver> Streams<D> {
         let stream = self.get_slot(driver, slot);
         stream.touched = operations;
         stream.handed_back = false;
+        stream.owner.get_or_insert(id.value);
         stream
+    }
+
+    /// The stream of `id`'s slot, without counting an operation of it: for a use of its
+    /// buffer by another stream, or a reading, which say nothing of whether its threads are
+    /// still there.
+    pub(super) fn peek(&mut self, driver: &mut D, id: StreamId) -> &mut ServerStream<D> {
+        let slot = self.slot(id);
+        self.get_slot(driver, slot)
     }
 
     /// Every [`IDLE_PERIOD`] operations, hands the free CubeCL slices of the slots no
@@ -190,13 +304,7 @@ impl<D: Driver> Streams<D> {
             // which every operation makes.
             // Without caching (`no_cuda_memory_caching`) CubeCL's exact-size reuse is bypassed
             // the same way, so that every tensor is an engine request of its own.
-            let policy = if allocator.history_options().enabled == RecordMode::All
-                || allocator.config().no_cuda_memory_caching
-            {
-                ReclaimPolicy::EveryReserve
-            } else {
-                ReclaimPolicy::Amortised
-            };
+            let policy = policy_for(allocator);
             let engine_stream = DeviceStream(slot as u64);
             ServerStream {
                 memory: StreamMemory::new(allocator.clone(), engine_stream, properties)
@@ -208,6 +316,7 @@ impl<D: Driver> Streams<D> {
                 errors: Vec::new(),
                 touched: 0,
                 handed_back: false,
+                owner: None,
             }
         })
     }
@@ -215,9 +324,9 @@ impl<D: Driver> Streams<D> {
     /// Every used slot, as a CubeCL stream id that maps onto it, for calls that visit them all.
     pub(super) fn ids(&self) -> Vec<StreamId> {
         self.streams
-            .keys()
-            .map(|slot| StreamId {
-                value: *slot as u64,
+            .iter()
+            .map(|(slot, stream)| StreamId {
+                value: stream.owner.unwrap_or(*slot as u64),
             })
             .collect()
     }

@@ -522,6 +522,8 @@ fn the_metadata_scratch_grows_rarely_and_through_the_engine() {
 #[test]
 fn threads_beyond_max_streams_share_slots_and_their_cached_memory() {
     let mut h = harness(MetadataLayout::DriverBinding, 4);
+    // CubeCL's mapping alone (`id % max_streams`): no thread is given an idle slot.
+    h.server.streams.never_reuse_slots();
     // 64 threads, each making and dropping a tensor of the same size.
     for value in 0..64 {
         let handle = h.buffer(1 << 20, stream(value));
@@ -1132,8 +1134,12 @@ fn rounds_of_new_threads_reuse_the_memory_of_the_threads_that_are_gone() {
     // appears, and the engine gives their whole free segments to the new streams once each
     // old stream's fence has completed (here the test completes them, as a GPU would have by
     // the time a new thread starts).
+    // Every thread gets a slot of its own here (see
+    // `new_threads_take_the_idle_slots_of_threads_that_are_gone` for the slots themselves
+    // reused).
     let device = SimDevice::new(1 << 30);
     let mut h = harness_on(device.clone(), MetadataLayout::DriverBinding, 128);
+    h.server.streams.never_reuse_slots();
     let sizes: Vec<u64> = (0..30u64).map(|i| 1024 + i * 41 * 1024).collect();
     let mut reserved = Vec::new();
     let mut next_thread = 0;
@@ -1169,6 +1175,43 @@ fn rounds_of_new_threads_reuse_the_memory_of_the_threads_that_are_gone() {
             .idle_reclaims;
         assert_eq!(idle, u64::from(slot != last), "slot {slot}");
     }
+}
+
+#[test]
+fn new_threads_take_the_idle_slots_of_threads_that_are_gone() {
+    // The same rounds of threads, one after another, with slot reuse: a new thread is given
+    // the least recently used slot that no operation touched for `REUSE_AFTER` operations,
+    // with its stream, its CubeCL pool and its engine cache. Each thread here makes 30
+    // reservations, so when a thread starts the slot of the thread before it was touched
+    // just now and the one before that long ago: two slots serve all 24 threads, and the
+    // memory is the two slots' own (no segment changes stream).
+    let device = SimDevice::new(1 << 30);
+    let mut h = harness_on(device.clone(), MetadataLayout::DriverBinding, 128);
+    let sizes: Vec<u64> = (0..30u64).map(|i| 1024 + i * 41 * 1024).collect();
+    let mut reserved = Vec::new();
+    for round in 0..4u64 {
+        for thread in round * 6..round * 6 + 6 {
+            let handles: Vec<Handle> = sizes.iter().map(|&s| h.buffer(s, stream(thread))).collect();
+            drop(handles);
+        }
+        reserved.push(h.server.allocator().memory_reserved());
+    }
+    assert!(
+        reserved.iter().all(|&r| r == reserved[0]),
+        "reserved after each round: {reserved:?}"
+    );
+    assert_eq!(h.server.streams_in_use(), 2);
+    assert_eq!(h.server.streams.reuses(), 22);
+    assert_eq!(h.server.allocator().stats().num_stream_shares, 0);
+    // A thread keeps its slot: thread 2 was given thread 0's slot and still has it.
+    assert_eq!(
+        h.server.streams.slot(stream(2)),
+        h.server.streams.slot(stream(0))
+    );
+    assert_ne!(
+        h.server.streams.slot(stream(1)),
+        h.server.streams.slot(stream(0))
+    );
 }
 
 #[test]
