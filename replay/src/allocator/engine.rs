@@ -5,7 +5,7 @@ use burn_caching_alloc::alloc::{
 };
 use burn_caching_alloc::device::{DeviceMemory, DeviceStream};
 
-use super::{ReplayAllocator, ReplayError};
+use super::{ReplayAllocator, ReplayError, engine_pool, record_pool};
 
 /// The caching engine over a device `D` (the simulated device, a metered one, CUDA).
 ///
@@ -116,29 +116,4 @@ impl<D: DeviceMemory> ReplayAllocator for EngineAllocator<D> {
     fn live_bytes(&self) -> u64 {
         self.engine.stats().requested_bytes.all.current
     }
-}
-
-/// The engine's pool for the program's pool `pool`.
-pub(crate) fn engine_pool(pools: &[MemPoolId], pool: u32) -> Result<MemPoolId, ReplayError> {
-    pools
-        .get(pool as usize)
-        .copied()
-        .ok_or_else(|| ReplayError::Failed(format!("private pool {pool} was never made")))
-}
-
-/// Notes that the program's pool `pool` (the next number: a program numbers its pools in the
-/// order it makes them) is the engine's `made`.
-pub(crate) fn record_pool(
-    pools: &mut Vec<MemPoolId>,
-    pool: u32,
-    made: MemPoolId,
-) -> Result<(), ReplayError> {
-    if pool as usize != pools.len() {
-        return Err(ReplayError::Failed(format!(
-            "private pool {pool} made out of order (next is {})",
-            pools.len()
-        )));
-    }
-    pools.push(made);
-    Ok(())
 }

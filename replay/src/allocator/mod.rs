@@ -32,7 +32,7 @@ pub use cubecl::CubeclAllocator;
 pub use engine::EngineAllocator;
 pub use stack::{CachingStackAllocator, caching_stack_memory};
 
-use burn_caching_alloc::alloc::MemPoolOptions;
+use burn_caching_alloc::alloc::{MemPoolId, MemPoolOptions};
 use burn_caching_alloc::device::DeviceStream;
 use cubecl_ir::MemoryDeviceProperties;
 use cubecl_runtime::memory_management::{ManagedMemoryHandle, MemoryManagement};
@@ -171,4 +171,29 @@ pub(crate) fn bind_client<S: ComputeStorage>(
         .bind(reserved, client.clone(), cursor)
         .map_err(|io| ReplayError::Failed(format!("CubeCL bind: {io}")))?;
     Ok(client)
+}
+
+/// The engine's pool for the program's pool `pool`.
+pub(crate) fn engine_pool(pools: &[MemPoolId], pool: u32) -> Result<MemPoolId, ReplayError> {
+    pools
+        .get(pool as usize)
+        .copied()
+        .ok_or_else(|| ReplayError::Failed(format!("private pool {pool} was never made")))
+}
+
+/// Notes that the program's pool `pool` (the next number: a program numbers its pools in the
+/// order it makes them) is the engine's `made`.
+pub(crate) fn record_pool(
+    pools: &mut Vec<MemPoolId>,
+    pool: u32,
+    made: MemPoolId,
+) -> Result<(), ReplayError> {
+    if pool as usize != pools.len() {
+        return Err(ReplayError::Failed(format!(
+            "private pool {pool} made out of order (next is {})",
+            pools.len()
+        )));
+    }
+    pools.push(made);
+    Ok(())
 }

@@ -20,8 +20,9 @@ use burn_caching_alloc::device::{DeviceMemory, DeviceStream};
 use burn_caching_alloc::runtime::StreamMemory;
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
 
-use super::engine::{engine_pool, record_pool};
-use super::{ReplayAllocator, ReplayError, bind_client, cuda_memory_properties};
+use super::{
+    ReplayAllocator, ReplayError, bind_client, cuda_memory_properties, engine_pool, record_pool,
+};
 
 /// One stream's memory of the caching stack, built the way the server builds it, on a device
 /// of `capacity` bytes.

@@ -195,15 +195,15 @@ impl<D: Driver> Streams<D> {
         let operations = self.operations;
         // Under PyTorch's per-stream rule (`cross_stream_reuse:false`) a new thread's stream
         // is its own, as in PyTorch: nothing it did not allocate itself serves it.
-        let reuse = self.allocator.config().cross_stream_reuse;
-        let idle = self
-            .streams
-            .iter()
-            .filter(|(_, stream)| {
-                reuse && stream.touched.saturating_add(self.reuse_after) <= operations
-            })
-            .min_by_key(|(slot, stream)| (stream.touched, **slot))
-            .map(|(slot, _)| *slot);
+        let idle = if self.allocator.config().cross_stream_reuse {
+            self.streams
+                .iter()
+                .filter(|(_, stream)| stream.touched.saturating_add(self.reuse_after) <= operations)
+                .min_by_key(|(slot, stream)| (stream.touched, **slot))
+                .map(|(slot, _)| *slot)
+        } else {
+            None
+        };
         let slot = match idle {
             Some(slot) => {
                 self.reuses += 1;
