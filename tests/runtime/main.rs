@@ -4,14 +4,16 @@
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
 //! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`, `components_wgpu`,
-//!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`, `loader_epochs_wgpu`,
-//!   `mem_pool_wgpu`, `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`,
+//!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`, `mem_pool_wgpu`,
+//!   `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`,
 //!   `scopes_wgpu`, `soak_wgpu`,
 //!   `thread_rounds_wgpu`,
 //!   `trace_wgpu` (feature `wgpu`): Burn on
 //!   `CachingWgpu` (fused) and `CachingWgpuUnfused`, on the wgpu CPU adapter (Mesa's lavapipe
 //!   in CI);
 //!   `memory_metric_wgpu` (features `wgpu` and `train`): the burn-train metrics;
+//!   `loader_epochs_wgpu` (features `wgpu` and `train`, for Burn's data loader): a
+//!   multi-threaded loader over epochs;
 //! - `multi_device_wgpu` (feature `wgpu`): two caching devices in one process (`Cpu` and
 //!   `DefaultDevice`, both lavapipe in CI), tensors moved between them;
 //!   `multi_device_train_wgpu`: data-parallel training across the two, against one device;
@@ -66,7 +68,7 @@ mod expandable_wgpu;
 mod history_wgpu;
 #[cfg(feature = "wgpu")]
 mod launches_wgpu;
-#[cfg(feature = "wgpu")]
+#[cfg(all(feature = "wgpu", feature = "train"))]
 mod loader_epochs_wgpu;
 #[cfg(feature = "wgpu")]
 mod mem_pool_wgpu;
