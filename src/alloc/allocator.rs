@@ -61,7 +61,9 @@ impl<H> Allocation<H> {
         self.requested
     }
 
-    /// The stream the block was allocated on.
+    /// The stream whose cache holds the block: the stream it was allocated for, or, for a
+    /// block another stream lent it (`cross_stream_reuse`), that stream (the requesting
+    /// stream is then recorded as a use of the block).
     pub fn stream(&self) -> DeviceStream {
         self.stream
     }

@@ -363,6 +363,9 @@ impl<H> Blocks<H> {
             size > 0 && size < b.size,
             "a split leaves both parts non-empty"
         );
+        // The new block's memory was last freed when the block's was: another stream may use
+        // it only behind the same fence (see the engine's `sharing`).
+        let freed_at = b.freed_at;
         let (segment, offset) = match end {
             End::Front => (b.segment, b.offset),
             End::Back => (b.segment, b.offset + b.size - size),
@@ -387,6 +390,7 @@ impl<H> Blocks<H> {
         let n = &mut self[new];
         n.prev = prev;
         n.next = next;
+        n.freed_at = freed_at;
         match prev {
             Some(p) => self[p].next = Some(new),
             None => self.segments[segment.0].first = new,

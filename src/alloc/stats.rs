@@ -173,6 +173,10 @@ pub struct MemoryStats {
     /// allocation (`cross_stream_reuse`; not a PyTorch statistic).
     #[serde(default)]
     pub num_stream_shares: u64,
+    /// Misses served from a free block another stream cached, lent without moving its
+    /// segment (`cross_stream_reuse`; not a PyTorch statistic).
+    #[serde(default)]
+    pub num_stream_lends: u64,
     /// Requests refused at once, without flushing the cache, because their new device memory
     /// would take reserved memory over the memory fraction's cap (`throw_on_cudamalloc_oom`;
     /// PyTorch's `num_oom_rejections`). Not counted in `num_ooms`.
@@ -328,7 +332,7 @@ pub(crate) const SINGLES: [SingleField; 2] = [
 ];
 
 /// Every counter; the labelled ones in the summary's order, two to a line.
-pub(crate) const COUNTERS: [Counter; 8] = [
+pub(crate) const COUNTERS: [Counter; 9] = [
     field!(Counter num_ooms, label: Some("Out-of-memory errors")),
     field!(Counter num_alloc_retries, label: Some("Device allocation retries")),
     field!(Counter num_device_alloc, label: Some("Device allocations")),
@@ -336,6 +340,7 @@ pub(crate) const COUNTERS: [Counter; 8] = [
     field!(Counter num_sync_all_streams, label: None),
     field!(Counter num_pool_borrows, label: None),
     field!(Counter num_stream_shares, label: None),
+    field!(Counter num_stream_lends, label: None),
     field!(Counter num_oom_rejections, label: None),
 ];
 

@@ -29,7 +29,8 @@
 //! device opened on the caller's thread, so that the reason it cannot open reaches the
 //! caller), `pinned_host` (the numbers of a driver's pinned host pool), `registry` (where the
 //! user API finds a device's allocator, and the configurations given in code for devices not
-//! yet open), `scopes` (the memory scopes of each CubeCL stream, which tag its reservations).
+//! yet open), `scopes` (the memory scopes of each CubeCL stream, which tag its reservations), `thread_exit`
+//! (the stream ids of threads that have gone, reported to the servers).
 
 mod storage;
 mod stream_memory;
@@ -57,6 +58,8 @@ pub(crate) mod scopes;
 pub(crate) mod server;
 #[cfg(feature = "runtime")]
 mod stream_routes;
+#[cfg(feature = "runtime")]
+pub(crate) mod thread_exit;
 
 #[cfg(feature = "runtime")]
 pub use comm_path::{COMM_ENV, Communication, communication, set_communication};

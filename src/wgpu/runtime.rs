@@ -28,6 +28,8 @@ impl Runtime for CachingWgpuRuntime {
     fn client(device: &WgpuDevice) -> ComputeClient<Self> {
         crate::runtime::open::ensure_open::<WgpuDriver>(device.to_id())
             .unwrap_or_else(|err| panic!("caching allocator: cannot open {device:?}: {err}"));
+        // The servers learn when this thread is gone (see `runtime::thread_exit`).
+        crate::runtime::thread_exit::watch_current_thread();
         ComputeClient::load(device)
     }
 

@@ -29,9 +29,11 @@ fn a_segment_freed_on_a_stream_whose_event_is_pending_is_not_given_to_another_un
     );
 
     // Stream 1 misses: stream 0's segment is newer than any fence, so one is recorded on
-    // stream 0 and asked once; it has not completed, so stream 1 gets a segment of its own.
+    // stream 0 and asked once; it has not completed, so stream 1 gets a segment of its own
+    // (and fills it, so that it has no free block to lend).
     let b = alloc.malloc(MIB, S1).unwrap();
     assert_ne!(b.address(), a_address);
+    let b2 = alloc.malloc(MIB, S1).unwrap();
     let counters = device.counters();
     assert_eq!(counters.allocs, 2);
     assert_eq!(counters.events_recorded, 1, "a fence on stream 0");
@@ -48,15 +50,9 @@ fn a_segment_freed_on_a_stream_whose_event_is_pending_is_not_given_to_another_un
     // Stream 2 went idle with other streams known: its fence is recorded at once.
     assert_eq!(device.counters().events_recorded, 2);
 
-    // Stream 0's work passes its fence. Stream 1 fills its own segment first, then misses:
-    // stream 0's whole free segment serves it; stream 2's, behind a pending fence, does not.
+    // Stream 0's work passes its fence. Stream 1 misses: stream 0's whole free segment
+    // serves it; stream 2's, behind a pending fence, does not.
     device.complete_events(S0);
-    let d = alloc.malloc(MIB, S1).unwrap();
-    assert_eq!(
-        alloc.stats().num_stream_shares,
-        0,
-        "stream 1's own cache first"
-    );
     let e = alloc.malloc(MIB, S1).unwrap();
     assert_eq!(e.address(), a_address);
     assert_eq!(e.stream(), S1);
@@ -73,7 +69,8 @@ fn a_segment_freed_on_a_stream_whose_event_is_pending_is_not_given_to_another_un
         "stream 0's old segment, split"
     );
     check_invariants(&alloc, &device);
-    for x in [b, d, e] {
+    assert_eq!(stats.num_stream_lends, 0);
+    for x in [b, b2, e] {
         alloc.free(x).unwrap();
     }
     check_invariants(&alloc, &device);
@@ -82,8 +79,10 @@ fn a_segment_freed_on_a_stream_whose_event_is_pending_is_not_given_to_another_un
 #[test]
 fn an_idle_streams_cache_serves_a_new_streams_requests_of_the_same_sizes_with_no_new_segment() {
     let (alloc, device) = allocator(256 * MIB, SHARING);
-    // Stream 1 holds a tensor throughout (another thread's model, say).
-    let held = alloc.malloc(512, S1).unwrap();
+    // Stream 1 holds two tensors throughout (another thread's model, say), filling its small
+    // segment: it has nothing to lend.
+    let held = alloc.malloc(MIB, S1).unwrap();
+    let held2 = alloc.malloc(MIB, S1).unwrap();
     let sizes = [4096, 700 * KIB, 3 * MIB, 12 * MIB];
     let first: Vec<_> = sizes
         .iter()
@@ -121,13 +120,14 @@ fn an_idle_streams_cache_serves_a_new_streams_requests_of_the_same_sizes_with_no
     assert!(again.iter().all(|a| a.stream() == S2));
     assert_eq!(
         stats.allocated_bytes.all.current,
-        512 + 4096 + 700 * KIB + 3 * MIB + 12 * MIB
+        2 * MIB + 4096 + 700 * KIB + 3 * MIB + 12 * MIB
     );
     check_invariants(&alloc, &device);
     for a in again {
         alloc.free(a).unwrap();
     }
     alloc.free(held).unwrap();
+    alloc.free(held2).unwrap();
     check_invariants(&alloc, &device);
 }
 
@@ -243,7 +243,8 @@ fn a_cache_only_request_never_takes_another_streams_segment() {
 fn a_failed_fence_query_leaves_the_segment_where_it_was_and_the_request_gets_new_memory() {
     use burn_caching_alloc::device::sim::SimCall;
     let (alloc, device) = allocator(64 * MIB, SHARING);
-    let _keep = alloc.malloc(512, S1).unwrap();
+    // Stream 1's tensor is of the large pool: stream 1 has no small block to lend.
+    let _keep = alloc.malloc(2 * MIB, S1).unwrap();
     let a = alloc.malloc(4096, S0).unwrap();
     alloc.free(a).unwrap();
     device.fail_next(SimCall::QueryEvent);
@@ -371,4 +372,122 @@ fn without_pool_borrowing_another_streams_other_pool_is_left_alone() {
         alloc.free(x).unwrap();
     }
     check_invariants(&alloc, &device);
+}
+
+/// Lending (`sharing`'s `lend_from_other_stream`): a new stream's small request is served by
+/// the free part of another stream's split segment, which stays that stream's; the lent
+/// block's free waits for an event on the borrowing stream (PyTorch's `record_stream` rule)
+/// before the block is its stream's again and merges back.
+#[test]
+fn a_new_stream_is_lent_the_free_part_of_another_streams_segment_and_its_free_waits_for_its_own_work()
+ {
+    let (alloc, device) = allocator(64 * MIB, SHARING);
+    // Stream 1 (the main thread, say) holds a small tensor: its 2 MiB small segment is split.
+    let held = alloc.malloc(512, S1).unwrap();
+    // Stream 2 (a new worker thread) asks for 100 KiB: no cache of its own, no wholly free
+    // segment anywhere; the free part of stream 1's segment was never used (no work behind
+    // it), so it is lent at once: no new segment, no fence.
+    let lent = alloc.malloc(100 * KIB, S2).unwrap();
+    assert_eq!(lent.address(), held.address() + 512);
+    assert_eq!(lent.stream(), S1, "the block stays stream 1's");
+    let stats = alloc.stats();
+    assert_eq!(stats.num_stream_lends, 1);
+    assert_eq!(stats.num_stream_shares, 0);
+    assert_eq!(stats.num_device_alloc, 1);
+    assert_eq!(stats.allocated_bytes.small_pool.current, 512 + 100 * KIB);
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![
+            (512, A),
+            (100 * KIB, A),
+            (2 * MIB - 512 - 100 * KIB, F)
+        ]]
+    );
+    assert_eq!(segment_streams(&alloc), vec![1]);
+    check_invariants(&alloc, &device);
+
+    // Stream 2 frees it: an event on stream 2, and the block waits for it.
+    let recorded = device.counters().events_recorded;
+    alloc.free(lent).unwrap();
+    assert_eq!(device.counters().events_recorded, recorded + 1);
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![
+            (512, A),
+            (100 * KIB, P),
+            (2 * MIB - 512 - 100 * KIB, F)
+        ]]
+    );
+    // Meanwhile stream 1's own request of that size is not given the pending block.
+    let own = alloc.malloc(100 * KIB, S1).unwrap();
+    assert_eq!(own.address(), held.address() + 512 + 100 * KIB);
+    alloc.free(own).unwrap();
+    check_invariants(&alloc, &device);
+    // Once stream 2's work is done the block is stream 1's free memory again, merged.
+    device.complete_events(S2);
+    let again = alloc.malloc(512, S1).unwrap();
+    assert_eq!(again.address(), held.address() + 512);
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![(512, A), (512, A), (2 * MIB - 1024, F)]]
+    );
+    assert_eq!(alloc.stats().num_device_alloc, 1);
+    check_invariants(&alloc, &device);
+    alloc.free(again).unwrap();
+    alloc.free(held).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// A free block split off memory whose last free is not behind completed work carries that
+/// free's stamp: it is not lent before the stream's fence has passed (a kernel of stream 0
+/// may still read it), and is once it has.
+#[test]
+fn the_rest_of_a_block_freed_behind_pending_work_is_lent_only_after_its_streams_fence() {
+    let (alloc, device) = allocator(64 * MIB, SHARING);
+    let a = alloc.malloc(MIB, S0).unwrap();
+    let b = alloc.malloc(MIB, S0).unwrap();
+    let segment = a.address();
+    // Stream 0 frees `a` (still busy with `b`: no fence) and reuses 4 KiB of it: the other
+    // 1020 KiB were last freed with `a`, behind work that may still run.
+    alloc.free(a).unwrap();
+    let c = alloc.malloc(4 * KIB, S0).unwrap();
+    assert_eq!(c.address(), segment);
+    assert_eq!(
+        layout(&alloc),
+        vec![vec![(4 * KIB, A), (MIB - 4 * KIB, F), (MIB, A)]]
+    );
+    // Stream 1 asks for 8 KiB: a fence is recorded on stream 0 and asked; it has not
+    // completed, so stream 1 gets a segment of its own.
+    let d = alloc.malloc(8 * KIB, S1).unwrap();
+    assert_ne!(d.address() / (2 * MIB), segment / (2 * MIB));
+    assert_eq!(alloc.stats().num_stream_lends, 0);
+    assert_eq!(device.counters().allocs, 2);
+    check_invariants(&alloc, &device);
+    // Stream 0's work passes the fence: stream 2's request is lent the rest of `a`.
+    device.complete_events(S0);
+    let e = alloc.malloc(8 * KIB, S2).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(stats.num_stream_lends, 1);
+    assert_eq!(device.counters().allocs, 2);
+    // Best fit: stream 1's own free rest (2 MiB - 8 KiB) is larger than stream 0's.
+    assert_eq!(e.address(), segment + 4 * KIB);
+    check_invariants(&alloc, &device);
+    for x in [b, c, d, e] {
+        alloc.free(x).unwrap();
+    }
+    device.complete_all_events();
+    check_invariants(&alloc, &device);
+}
+
+/// Under PyTorch's rule nothing is lent: the new stream makes a segment of its own.
+#[test]
+fn without_cross_stream_reuse_nothing_is_lent() {
+    let (alloc, device) = allocator(64 * MIB, "cross_stream_reuse:false");
+    let held = alloc.malloc(512, S1).unwrap();
+    let other = alloc.malloc(100 * KIB, S2).unwrap();
+    assert_eq!(other.stream(), S2);
+    assert_eq!(alloc.stats().num_stream_lends, 0);
+    assert_eq!(device.counters().allocs, 2);
+    alloc.free(other).unwrap();
+    alloc.free(held).unwrap();
 }

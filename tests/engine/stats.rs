@@ -139,11 +139,12 @@ fn to_map_uses_pytorch_keys() {
         }
     }
     // PyTorch's counters (with 2.12's `num_oom_rejections`) and `max_split_size`, and two of
-    // ours: `num_pool_borrows` and `num_stream_shares`.
+    // ours: `num_pool_borrows`, `num_stream_shares` and `num_stream_lends`.
     assert_eq!(map["num_pool_borrows"], 0);
     assert_eq!(map["num_stream_shares"], 0);
+    assert_eq!(map["num_stream_lends"], 0);
     assert_eq!(map["num_oom_rejections"], 0);
-    assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 9);
+    assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 10);
     alloc.free(a).unwrap();
 }
 

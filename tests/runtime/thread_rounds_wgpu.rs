@@ -68,15 +68,17 @@ fn reserved_per_round<B: Backend<Device = burn::backend::wgpu::WgpuDevice>>(
         let map = stats.to_map();
         let key = |k: &str| map.get(k).copied().unwrap_or(-1);
         println!(
-            "round: reserved {} allocated {} in cubecl {} device allocs {} shares {} \
-             segments {} streams {} idle reclaims {}",
+            "round: reserved {} allocated {} in cubecl {} device allocs {} shares {} lends {} \
+             segments {} streams {} slot reuses {} idle reclaims {}",
             stats.memory_reserved(),
             stats.memory_allocated(),
             stats.cached_in_cubecl(),
             key("num_device_alloc"),
             key("num_stream_shares"),
+            key("num_stream_lends"),
             key("segment.all.current"),
             key("cubecl.streams"),
+            key("cubecl.slot_reuses"),
             key("cubecl.idle_reclaims"),
         );
         reserved.push(backend::memory_reserved(device));

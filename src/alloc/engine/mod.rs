@@ -436,7 +436,10 @@ impl<D: DeviceMemory> Engine<D> {
 
         let flush = growth == MissPath::Allowed;
         match self.grow(mem, new_segment, pool, stream, (size, rounded), flush) {
-            Ok(Some(block)) => Ok(Some(self.allocate_block(mem, block, rounded, size))),
+            // Another stream's block when lent (see `sharing`).
+            Ok(Some(block)) => Ok(Some(
+                self.allocate_block_for(mem, block, rounded, size, stream),
+            )),
             Ok(None) if !flush => Ok(None),
             Ok(None) => {
                 // PyTorch's last resort (a request of a private pool just fails).
@@ -476,6 +479,9 @@ impl<D: DeviceMemory> Engine<D> {
                 return Ok(Some(block));
             }
             if let Some(block) = self.borrow_from_other_stream(pool, stream, rounded)? {
+                return Ok(Some(block));
+            }
+            if let Some(block) = self.lend_from_other_stream(pool, stream, rounded) {
                 return Ok(Some(block));
             }
             if self.gc_enabled() {

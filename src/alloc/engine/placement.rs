@@ -177,6 +177,21 @@ impl<D: DeviceMemory> Engine<D> {
         rounded: u64,
         requested: u64,
     ) -> BlockId {
+        let stream = self.blocks.stream(block);
+        self.allocate_block_for(routed, block, rounded, requested, stream)
+    }
+
+    /// [`allocate_block`](Self::allocate_block) for a request of `requester`: when the block
+    /// is another stream's (lent, see `sharing`), `requester` is recorded as a use of it, so
+    /// that its free waits for `requester`'s work, and the trace names `requester`.
+    pub(super) fn allocate_block_for(
+        &mut self,
+        routed: Option<MemPoolId>,
+        block: BlockId,
+        rounded: u64,
+        requested: u64,
+        requester: DeviceStream,
+    ) -> BlockId {
         let pool = self.blocks.pool(block);
         let before = self.inactive_split_share(block);
         let mut after = (0, 0);
@@ -211,10 +226,13 @@ impl<D: DeviceMemory> Engine<D> {
         self.tag(block);
         let (stream, address) = (self.blocks.stream(block), self.blocks.address(block));
         self.note_allocated(stream);
+        if requester != stream {
+            self.blocks[block].stream_uses.push(requester);
+        }
         self.record(|| TraceEvent::Malloc {
             id,
             size: requested,
-            stream: stream.0,
+            stream: requester.0,
             block_size: size,
             address,
             pool: routed.map_or(0, MemPoolId::get),

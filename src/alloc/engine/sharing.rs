@@ -31,8 +31,19 @@
 //! whose candidates are all behind pending fences allocates as before. Fences are recorded
 //! only once the engine has seen two streams: a single-stream workload pays nothing.
 //!
+//! **Lending**: where no wholly free segment fits, a miss takes the best free *block* another
+//! stream cached whose last free is behind completed work (the same fences), idle streams
+//! first, without moving it: the block stays its stream's, split there by the usual rules,
+//! and the requesting stream is recorded as a use of it (PyTorch's `record_stream`), so its
+//! free waits for an event on the requesting stream before the block serves its own stream
+//! again. That is what a new thread's first requests need: a data-loader worker's batch of
+//! 100 KiB is served by the free part of another stream's small segment instead of a 2 MiB
+//! segment of its own, and reserved memory stops depending on how many threads the
+//! scheduler ran at once.
+//!
 //! Statistics: a moved segment stays in its pool (no statistic changes but
-//! `num_stream_shares`, which counts the moves); it costs no device call.
+//! `num_stream_shares`, which counts the moves); it costs no device call. A lent block is an
+//! allocation like any other, counted in `num_stream_lends`.
 //! `cross_stream_reuse:false` is PyTorch's rule.
 
 use super::Engine;
@@ -238,6 +249,9 @@ impl<D: DeviceMemory> Engine<D> {
             if let Some((_, _, block)) = best {
                 self.unlist(block);
                 self.blocks.set_stream(block, stream);
+                // Its old stream's work on it is done (its fence passed): no free of the new
+                // stream's is behind it.
+                self.blocks[block].freed_at = 0;
                 self.stats.num_stream_shares += 1;
                 return Ok(Some(block));
             }
@@ -284,6 +298,96 @@ impl<D: DeviceMemory> Engine<D> {
         }
         self.record_fence(i)?;
         Ok((stamp <= self.poll_fence(i)?).then_some((size, address, block)))
+    }
+
+    /// Lends `stream` the best free block (smallest, then lowest address; idle streams first)
+    /// of `pool` that another stream cached and whose last free is behind completed work, for
+    /// a request of `rounded` bytes: the block stays its stream's (split by its rules, its
+    /// remainder cached there), and `stream` is recorded as a use of it, so that its free
+    /// waits for an event on `stream` before the block is that stream's again (PyTorch's
+    /// `record_stream` rule). For what whole segments cannot do: a new thread's first small
+    /// request served by the part of another stream's small segment that is free, instead of
+    /// a 2 MiB segment of its own per thread. The caller allocates the block
+    /// ([`Engine::allocate_block_for`]).
+    pub(super) fn lend_from_other_stream(
+        &mut self,
+        pool: PoolKind,
+        stream: DeviceStream,
+        rounded: u64,
+    ) -> Option<BlockId> {
+        if !self.sharing() || self.streams.streams.len() < 2 {
+            return None;
+        }
+        for idle in [true, false] {
+            let mut best: Option<(u64, u64, BlockId)> = None;
+            for i in 0..self.streams.streams.len() {
+                let state = &self.streams.streams[i];
+                if state.stream == stream || (state.live == 0) != idle {
+                    continue;
+                }
+                let found = match self.lendable_block(i, pool, rounded, idle) {
+                    Ok(found) => found,
+                    Err(err) => {
+                        log::warn!(
+                            "caching allocator: a stream's fence failed ({err}); its cache stays with it"
+                        );
+                        None
+                    }
+                };
+                if let Some(found) = found
+                    && best.is_none_or(|b| (found.0, found.1) < (b.0, b.1))
+                {
+                    best = Some(found);
+                }
+            }
+            if let Some((_, _, block)) = best {
+                self.unlist(block);
+                self.stats.num_stream_lends += 1;
+                return Some(block);
+            }
+        }
+        None
+    }
+
+    /// Stream `i`'s best free block for a request of `rounded` bytes that its fences allow
+    /// another stream to use: (size, address, block). Records a fence when the best
+    /// candidate is newer than every fence; a busy stream's list is walked for at most
+    /// [`BUSY_STREAM_CANDIDATES`] blocks.
+    fn lendable_block(
+        &mut self,
+        i: usize,
+        pool: PoolKind,
+        rounded: u64,
+        idle: bool,
+    ) -> Result<Option<(u64, u64, BlockId)>, AllocError> {
+        let stream = self.streams.streams[i].stream;
+        let list = self.free_list_ref(pool);
+        let mut next = list.best_fit(stream, rounded);
+        let mut visited = 0;
+        let mut fenced = false;
+        while let Some((size, block)) = next {
+            if !self.oversize_rules_allow(rounded, size) {
+                return Ok(None);
+            }
+            let stamp = self.blocks[block].freed_at;
+            if stamp <= self.poll_fence(i)? {
+                return Ok(Some((size, self.blocks.address(block), block)));
+            }
+            if !fenced {
+                self.record_fence(i)?;
+                fenced = true;
+                if stamp <= self.poll_fence(i)? {
+                    return Ok(Some((size, self.blocks.address(block), block)));
+                }
+            }
+            visited += 1;
+            if !idle && visited > BUSY_STREAM_CANDIDATES {
+                return Ok(None);
+            }
+            let list = self.free_list_ref(pool);
+            next = list.next_after(stream, size, self.blocks.address(block));
+        }
+        Ok(None)
     }
 
     /// Hands back every pending fence's event (waiting for none): for `empty_cache` and a drop.

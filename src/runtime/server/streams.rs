@@ -10,9 +10,11 @@
 //! (`streaming.max_streams` of CubeCL's configuration, 128).
 //!
 //! **Slot reuse** (with `cross_stream_reuse`, the default): a thread seen for the first time
-//! is given the least recently used slot that no operation of its own threads touched for
-//! [`REUSE_AFTER`] operations of the device, and only when there is none CubeCL's slot of its
-//! id; it keeps that slot for its lifetime (a buffer remembers its maker's id, and the
+//! is given the least recently used slot whose threads have all exited (they report it:
+//! [`thread_exit`](crate::runtime::thread_exit)), else the least recently used slot that no
+//! operation of its own threads touched for [`REUSE_AFTER`] operations of the device (threads
+//! that never opened a client of ours, and so never report, are recognised by their silence),
+//! and only when there is neither CubeCL's slot of its id; it keeps that slot for its lifetime (a buffer remembers its maker's id, and the
 //! ordering rules find the slot by it). PyTorch's streams come from a fixed pool and threads
 //! share the current stream; here the new workers of every epoch take over the slots of the
 //! workers that are gone, with their CubeCL pools and their engine caches, so their memory
@@ -38,7 +40,7 @@
 //! there is kept on its stream and returned by the next `read`, `sync` or `flush` of that
 //! stream, which also clears it: the server keeps working.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use cubecl_common::backtrace::BackTrace;
@@ -51,6 +53,7 @@ use super::super::stream_memory::{ReclaimPolicy, StreamMemory};
 use super::ordering::SyncPoints;
 use crate::alloc::{CachingAllocator, RecordMode};
 use crate::device::DeviceStream;
+use crate::runtime::thread_exit::ExitInbox;
 
 /// Operations on a device between two looks for slots that no operation touched since the
 /// previous look (see the module documentation).
@@ -59,6 +62,10 @@ pub(crate) const IDLE_PERIOD: u64 = 4096;
 /// Operations on a device during which no operation of a slot's own threads touched it, before
 /// a new thread is given that slot instead of one of its own (see the module documentation).
 pub(crate) const REUSE_AFTER: u64 = 32;
+
+/// How many exits of threads not met yet a server remembers (another device's threads are
+/// never met: the oldest are forgotten).
+const EXITED_UNSEEN: usize = 1024;
 
 /// The slot of CubeCL stream `id` among `max_streams` (cubecl-runtime's `stream_index`).
 pub(crate) fn slot(id: StreamId, max_streams: usize) -> usize {
@@ -126,6 +133,16 @@ pub(super) struct Streams<D: Driver> {
     assigned: HashMap<u64, usize>,
     /// Stream ids given an idle slot of an earlier thread.
     reuses: u64,
+    /// Per slot, how many of the stream ids given it have not reported their thread's exit.
+    living: HashMap<usize, u32>,
+    /// Where exiting threads post their stream ids.
+    exits: Arc<ExitInbox>,
+    /// The slot the last new thread took over from earlier threads, until its free slices are
+    /// handed back (see [`Streams::get`]).
+    taken_over: Option<usize>,
+    /// Ids whose exit was read before this server met them (their last operations were still
+    /// on their way), most recent last, at most [`EXITED_UNSEEN`].
+    exited_unseen: VecDeque<u64>,
     /// [`REUSE_AFTER`], or `u64::MAX` in tests of what happens without slot reuse.
     reuse_after: u64,
 }
@@ -145,6 +162,10 @@ impl<D: Driver> Streams<D> {
             last_look: 0,
             assigned: HashMap::new(),
             reuses: 0,
+            living: HashMap::new(),
+            exits: ExitInbox::subscribe(),
+            taken_over: None,
+            exited_unseen: VecDeque::new(),
             reuse_after: REUSE_AFTER,
         }
     }
@@ -179,15 +200,48 @@ impl<D: Driver> Streams<D> {
         self.reuse_after = u64::MAX;
     }
 
+    /// Hears no thread exits (for tests whose stream ids are made up; see `tests::harness`).
+    #[cfg(test)]
+    pub(super) fn ignore_thread_exits(&mut self) {
+        self.exits = Arc::new(ExitInbox::default());
+    }
+
+    /// Hears thread exits again, from now on.
+    #[cfg(test)]
+    pub(super) fn listen_to_thread_exits(&mut self) {
+        self.exits = ExitInbox::subscribe();
+    }
+
     /// How many stream ids were given an idle slot of an earlier thread so far.
     pub(super) fn reuses(&self) -> u64 {
         self.reuses
     }
 
-    /// The slot of `id`, given on first sight: the least recently touched slot that no
-    /// operation touched for [`REUSE_AFTER`] operations (a thread that is gone, or one that
-    /// has been waiting; sharing a slot is correct either way, as for ids beyond
-    /// `max_streams`), else CubeCL's slot of `id`.
+    /// Counts the exits threads have reported since the last look against their slots.
+    fn read_exits(&mut self) {
+        for id in self.exits.take() {
+            match self.assigned.get(&id) {
+                Some(slot) => {
+                    if let Some(living) = self.living.get_mut(slot) {
+                        *living = living.saturating_sub(1);
+                    }
+                }
+                // A thread whose operations have not all arrived yet, or another device's.
+                None => {
+                    if self.exited_unseen.len() == EXITED_UNSEEN {
+                        self.exited_unseen.pop_front();
+                    }
+                    self.exited_unseen.push_back(id);
+                }
+            }
+        }
+    }
+
+    /// The slot of `id`, given on first sight: the least recently touched slot whose threads
+    /// have all exited, else the least recently touched slot that no operation touched for
+    /// [`REUSE_AFTER`] operations (a thread that is gone without a word, or one that has been
+    /// waiting; sharing a slot is correct either way, as for ids beyond `max_streams`), else
+    /// CubeCL's slot of `id`.
     fn assign(&mut self, id: StreamId) -> usize {
         if let Some(&slot) = self.assigned.get(&id.value) {
             return slot;
@@ -195,12 +249,24 @@ impl<D: Driver> Streams<D> {
         let operations = self.operations;
         // Under PyTorch's per-stream rule (`cross_stream_reuse:false`) a new thread's stream
         // is its own, as in PyTorch: nothing it did not allocate itself serves it.
-        let idle = if self.allocator.config().cross_stream_reuse {
-            self.streams
+        let idle = if self.allocator.config().cross_stream_reuse && self.reuse_after != u64::MAX {
+            self.read_exits();
+            let living = &self.living;
+            let vacant = self
+                .streams
                 .iter()
-                .filter(|(_, stream)| stream.touched.saturating_add(self.reuse_after) <= operations)
+                .filter(|(slot, _)| living.get(slot) == Some(&0))
                 .min_by_key(|(slot, stream)| (stream.touched, **slot))
-                .map(|(slot, _)| *slot)
+                .map(|(slot, _)| *slot);
+            vacant.or_else(|| {
+                self.streams
+                    .iter()
+                    .filter(|(_, stream)| {
+                        stream.touched.saturating_add(self.reuse_after) <= operations
+                    })
+                    .min_by_key(|(slot, stream)| (stream.touched, **slot))
+                    .map(|(slot, _)| *slot)
+            })
         } else {
             None
         };
@@ -211,7 +277,16 @@ impl<D: Driver> Streams<D> {
             }
             None => slot(id, self.max_streams),
         };
+        self.taken_over = idle;
         self.assigned.insert(id.value, slot);
+        let living = self.living.entry(slot).or_default();
+        match self.exited_unseen.iter().position(|&gone| gone == id.value) {
+            // Its thread has exited already: the slot is no more lived in than before.
+            Some(index) => {
+                self.exited_unseen.remove(index);
+            }
+            None => *living += 1,
+        }
         if let Some(stream) = self.streams.get_mut(&slot) {
             stream.owner = Some(id.value);
             if idle.is_some() {
@@ -233,6 +308,18 @@ impl<D: Driver> Streams<D> {
             // before it allocates.
             self.get_slot(driver, slot);
             self.hand_back(driver, slot, false);
+        }
+        if let Some(taken) = self.taken_over.take()
+            && let Some(stream) = self.streams.get_mut(&taken)
+        {
+            // A slot taken over by a new thread: the exact-size slices its earlier threads
+            // left free go back to the engine, whose best fit serves the new thread's sizes
+            // from the slot's cache (CubeCL's pools serve only the sizes the earlier threads
+            // used). Its work so far is issued first, as for any hand-back.
+            if let Err(err) = driver.flush(&mut stream.driver) {
+                stream.errors.push(err);
+            }
+            stream.memory.reclaim_idle();
         }
         let operations = self.operations;
         let stream = self.get_slot(driver, slot);

@@ -371,9 +371,13 @@ fn harness_configured(
         type_id: 0xCA11,
         index_id: NEXT.fetch_add(1, Ordering::Relaxed),
     };
-    let server = CachingServer::new(driver, device, config)
+    let mut server = CachingServer::new(driver, device, config)
         .expect("every device serves the configuration")
         .with_max_streams(max_streams);
+    // The tests' stream ids are made up and may equal the ids of real threads of other tests,
+    // whose exits would be read as theirs: the harness hears no thread exits unless a test
+    // asks (`listen_to_thread_exits`).
+    server.streams.ignore_thread_exits();
     Harness {
         server,
         meter,
@@ -1212,6 +1216,83 @@ fn new_threads_take_the_idle_slots_of_threads_that_are_gone() {
         h.server.streams.slot(stream(1)),
         h.server.streams.slot(stream(0))
     );
+}
+
+#[test]
+fn a_thread_that_reported_its_exit_gives_its_slot_to_the_next_new_thread_at_once() {
+    // Threads that opened a client report their exit (`runtime::thread_exit`): the next new
+    // thread takes the slot of a thread that has gone even when it was touched a moment ago,
+    // where silence alone would take `REUSE_AFTER` operations.
+    use super::streams::slot;
+    use crate::runtime::thread_exit::watch_current_thread;
+    use std::sync::mpsc;
+    let spawn_watched = || {
+        let (id_tx, id_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            watch_current_thread();
+            id_tx.send(StreamId::current()).expect("send");
+            let _ = go_rx.recv();
+        });
+        (id_rx.recv().expect("id"), go_tx, thread)
+    };
+    let (gone, gone_go, gone_thread) = spawn_watched();
+    let (alive, alive_go, alive_thread) = spawn_watched();
+    let (queued, queued_go, queued_thread) = spawn_watched();
+    let mut h = harness(MetadataLayout::DriverBinding, 128);
+    h.server.streams.listen_to_thread_exits();
+    // New threads' ids whose own slots (CubeCL's `id % 128`) are neither thread's.
+    let fresh: Vec<StreamId> = (1_000_000..)
+        .map(stream)
+        .filter(|id| {
+            [gone, alive, queued]
+                .iter()
+                .all(|g| slot(*id, 128) != slot(*g, 128))
+        })
+        .take(5)
+        .collect();
+    for id in [gone, alive] {
+        drop(h.buffer(4096, id));
+    }
+    // A new thread while both are alive and were just touched: a slot of its own.
+    let early = fresh[0];
+    drop(h.buffer(4096, early));
+    assert_eq!(h.server.streams.reuses(), 0);
+    assert_eq!(h.server.streams_in_use(), 3);
+    // One of them exits; the next new thread, one operation later, gets its slot.
+    drop(gone_go);
+    gone_thread.join().expect("join");
+    let late = fresh[1];
+    drop(h.buffer(4096, late));
+    assert_eq!(h.server.streams.reuses(), 1);
+    assert_eq!(h.server.streams.slot(late), h.server.streams.slot(gone));
+    assert_eq!(h.server.streams_in_use(), 3);
+    // The slot is the new thread's now: another new thread does not share it.
+    let third = fresh[2];
+    drop(h.buffer(4096, third));
+    assert_ne!(h.server.streams.slot(third), h.server.streams.slot(gone));
+    assert_eq!(h.server.streams.reuses(), 1);
+    // A thread whose exit is read before its first operation arrives (its work was still
+    // queued): its slot is free for the next new thread all the same.
+    drop(queued_go);
+    queued_thread.join().expect("join");
+    drop(h.buffer(4096, fresh[3]));
+    drop(h.buffer(4096, queued));
+    assert_eq!(h.server.streams.reuses(), 1);
+    drop(h.buffer(4096, fresh[4]));
+    assert_eq!(h.server.streams.reuses(), 2);
+    assert_eq!(
+        h.server.streams.slot(fresh[4]),
+        h.server.streams.slot(queued)
+    );
+    // The thread that is still there never lent its slot.
+    assert!(
+        fresh
+            .iter()
+            .all(|id| h.server.streams.slot(*id) != h.server.streams.slot(alive))
+    );
+    drop(alive_go);
+    alive_thread.join().expect("join");
 }
 
 #[test]

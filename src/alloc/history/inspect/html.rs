@@ -255,6 +255,11 @@ fn data(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> Value {
             "Misses served from another stream's cache",
             stats.num_stream_shares
         ],
+        [
+            "num_stream_lends",
+            "Misses served by a block lent from another stream",
+            stats.num_stream_lends
+        ],
     ]);
     let history_stack_count = snapshot
         .history
