@@ -5,6 +5,7 @@
 //! - [`workload`]: the models to train ([`Workload`]) and their batches, made on the CPU once;
 //! - [`nets`]: the networks (`TransformerEncoder`, a conv net, an LSTM, the MNIST MLP);
 //! - [`trainer`]: one Adam step on any autodiff backend;
+//! - [`loader`]: an epoch per step, its batches loaded by new threads every epoch;
 //! - [`reading`]: how each side's reserved memory is read after every step;
 //! - [`compare`]: the interleaved run of one workload on two backends;
 //! - [`report`]: the Markdown table and the JSON.
@@ -14,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod compare;
+pub mod loader;
 pub mod nets;
 pub mod reading;
 pub mod report;

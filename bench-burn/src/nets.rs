@@ -144,6 +144,13 @@ pub fn describe(workload: Workload) -> String {
         Workload::Conv => "Conv2d 3-16-32, pools, linear, 32 x 32 RGB, batch 16".into(),
         Workload::Lstm => "Lstm 32 -> 64, 24 steps, linear, batch 16".into(),
         Workload::MnistMlp => "MNIST MLP 784-128-10, batch 64".into(),
+        Workload::MnistLoader => format!(
+            "MNIST MLP 784-128-10, a step an epoch of {} images in batches of {} from {} new \
+             loader threads",
+            crate::workload::LOADER_EPOCH,
+            crate::workload::LOADER_BATCH,
+            crate::workload::LOADER_WORKERS
+        ),
         Workload::Varlen(s) => format!(
             "TransformerEncoder 2 x d{} h{} ff{}, seq {}..={}, batch {}",
             s.width,

@@ -37,6 +37,11 @@ where
         Workload::Conv => boxed::<B, _>(ConvNet::new(device), device, seed),
         Workload::Lstm => boxed::<B, _>(LstmNet::new(device), device, seed),
         Workload::MnistMlp => boxed::<B, _>(MnistMlpNet::new(device), device, seed),
+        Workload::MnistLoader => Box::new(crate::loader::EpochTrainer::new(trainer_of::<B, _>(
+            MnistMlpNet::new(device),
+            device,
+            seed,
+        ))),
         Workload::Varlen(shape) => boxed::<B, _>(
             TransformerNet::sized(shape.width, shape.ff(), shape.heads(), device),
             device,
@@ -45,7 +50,8 @@ where
     }
 }
 
-struct Trainer<B: AutodiffBackend, M: AutodiffModule<B>, O> {
+/// A model and its Adam optimizer on `B`, trained batch by batch ([`Trainer::train`]).
+pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B>, O> {
     model: Option<M>,
     optimizer: O,
     device: B::Device,
@@ -58,35 +64,49 @@ where
     B: AutodiffBackend,
     M: AutodiffModule<B> + Net<B> + 'static,
 {
-    let optimizer = AdamConfig::new().init::<B, M>();
-    Box::new(Trainer {
+    Box::new(trainer_of::<B, M>(model, device, seed))
+}
+
+/// `model` with a fresh Adam optimizer on `device`.
+pub fn trainer_of<B, M>(
+    model: M,
+    device: &B::Device,
+    seed: u64,
+) -> Trainer<B, M, impl Optimizer<M, B> + use<B, M>>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + Net<B> + 'static,
+{
+    Trainer {
         model: Some(model),
-        optimizer,
+        optimizer: AdamConfig::new().init::<B, M>(),
         device: device.clone(),
         seed,
         steps: 0,
-    })
+    }
 }
 
-impl<B, M, O> Step for Trainer<B, M, O>
+impl<B, M, O> Trainer<B, M, O>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + Net<B>,
     O: Optimizer<M, B>,
 {
-    fn step(&mut self, batch: &Batch) -> Result<f64, String> {
+    /// The device the model lives on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// One Adam step on `inputs` (rank 3) and their class `labels`, already on the device;
+    /// returns the loss, read back to the host.
+    pub fn train(
+        &mut self,
+        inputs: Tensor<B, 3>,
+        labels: Tensor<B, 1, Int>,
+    ) -> Result<f64, String> {
         let model = self.model.take().ok_or("an earlier step failed")?;
         B::seed(&self.device, self.seed.wrapping_add(self.steps));
         self.steps += 1;
-        let n = batch.shape[0];
-        let inputs = Tensor::<B, 3>::from_data(
-            TensorData::new(batch.inputs.clone(), batch.shape),
-            &self.device,
-        );
-        let labels = Tensor::<B, 1, Int>::from_data(
-            TensorData::new(batch.labels.clone(), [n]),
-            &self.device,
-        );
         let loss = CrossEntropyLossConfig::new()
             .init::<B>(&self.device)
             .forward(model.logits(inputs), labels);
@@ -98,5 +118,25 @@ where
             .map_err(|e| format!("reading the loss: {e:?}"))?;
         B::sync(&self.device).map_err(|e| format!("sync: {e:?}"))?;
         Ok(value.elem::<f64>())
+    }
+}
+
+impl<B, M, O> Step for Trainer<B, M, O>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + Net<B>,
+    O: Optimizer<M, B>,
+{
+    fn step(&mut self, batch: &Batch) -> Result<f64, String> {
+        let n = batch.shape[0];
+        let inputs = Tensor::<B, 3>::from_data(
+            TensorData::new(batch.inputs.clone(), batch.shape),
+            &self.device,
+        );
+        let labels = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(batch.labels.clone(), [n]),
+            &self.device,
+        );
+        self.train(inputs, labels)
     }
 }

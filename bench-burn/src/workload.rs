@@ -22,6 +22,11 @@ pub enum Workload {
     Lstm,
     /// The MNIST showcase's 784-128-10 perceptron on batches of 64 MNIST training images.
     MnistMlp,
+    /// The same perceptron, a step being an epoch of [`LOADER_EPOCH`] MNIST training images in
+    /// batches of [`LOADER_BATCH`], each batch put on the device by one of [`LOADER_WORKERS`]
+    /// worker threads started anew every epoch, as Burn's `MultiThreadDataLoader` does (issue
+    /// 38: every epoch's batches come from new CubeCL streams).
+    MnistLoader,
     /// `TransformerEncoder` (2 layers, 4 heads and feed-forward 4 x width unless the name says
     /// otherwise) of a given size on batches whose sequence length is drawn from a range at
     /// every step: the family of variable-length rows (issue 39), named
@@ -164,14 +169,21 @@ pub const LSTM_SEQ: usize = 24;
 pub const CONV_SIDE: usize = 32;
 /// Classes every model predicts.
 pub const CLASSES: usize = 10;
+/// Images in an epoch of [`Workload::MnistLoader`].
+pub const LOADER_EPOCH: usize = 320;
+/// Images per batch of [`Workload::MnistLoader`].
+pub const LOADER_BATCH: usize = 32;
+/// Worker threads [`Workload::MnistLoader`] starts every epoch.
+pub const LOADER_WORKERS: usize = 4;
 
 impl Workload {
     /// Every workload, in report order.
-    pub const ALL: [Workload; 4] = [
+    pub const ALL: [Workload; 5] = [
         Workload::TransformerVarlen,
         Workload::Conv,
         Workload::Lstm,
         Workload::MnistMlp,
+        Workload::MnistLoader,
     ];
 
     /// Name on the command line and in reports.
@@ -181,6 +193,7 @@ impl Workload {
             Workload::Conv => "conv".into(),
             Workload::Lstm => "lstm".into(),
             Workload::MnistMlp => "mnist-mlp".into(),
+            Workload::MnistLoader => "mnist-loader".into(),
             Workload::Varlen(shape) => shape.name(),
         }
     }
@@ -216,12 +229,14 @@ impl Workload {
             Workload::TransformerVarlen => 8,
             Workload::Conv | Workload::Lstm => 16,
             Workload::MnistMlp => 64,
+            Workload::MnistLoader => LOADER_EPOCH,
             Workload::Varlen(shape) => shape.batch,
         }
     }
 
-    /// `steps` batches from `seed`. MNIST batches come from the training set in
-    /// `mnist_dir` (the showcase's `data/`), in the order the seed shuffles.
+    /// `steps` batches from `seed` (for [`Workload::MnistLoader`], `steps` epochs). MNIST
+    /// batches come from the training set in `mnist_dir` (the showcase's `data/`), in the order
+    /// the seed shuffles.
     pub fn batches(self, steps: usize, seed: u64, mnist_dir: &Path) -> Result<Vec<Batch>, String> {
         let mut rng = SmallRng::seed_from_u64(seed ^ self.seed_salt().wrapping_mul(0x9e37_79b9));
         let n = self.batch_size();
@@ -254,7 +269,7 @@ impl Workload {
             Workload::Lstm => Ok((0..steps)
                 .map(|_| random(&mut rng, [n, LSTM_SEQ, LSTM_D_INPUT]))
                 .collect()),
-            Workload::MnistMlp => {
+            Workload::MnistMlp | Workload::MnistLoader => {
                 use mnist::dataset::{IMAGE_PIXELS, MnistSet, Split};
                 let set = MnistSet::load(mnist_dir, Split::Train, Some(steps * n))
                     .map_err(|e| format!("MNIST training set in {}: {e}", mnist_dir.display()))?;
@@ -282,6 +297,7 @@ impl Workload {
             Workload::Conv => 1,
             Workload::Lstm => 2,
             Workload::MnistMlp => 3,
+            Workload::MnistLoader => 5,
             Workload::Varlen(s) => [s.width, s.batch, s.min_len, s.max_len]
                 .iter()
                 .fold(4u64, |h, &x| h.wrapping_mul(31).wrapping_add(x as u64)),

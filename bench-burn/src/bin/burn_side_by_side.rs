@@ -40,13 +40,14 @@ struct Args {
     /// Where the backends run.
     #[arg(long, value_enum, default_value = "wgpu")]
     device: DeviceKind,
-    /// Workloads to run (comma-separated): transformer-varlen, conv, lstm, mnist-mlp, `varlen`
+    /// Workloads to run (comma-separated): transformer-varlen, conv, lstm, mnist-mlp,
+    /// mnist-loader (a step is an epoch fed by four new loader threads), `varlen`
     /// (the variable-length family), or one transformer of any size,
     /// `varlen-d<width>-b<batch>-l<min>-<max>[-h<heads>][-f<ff>][-s<steps>]`.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "transformer-varlen,conv,lstm,mnist-mlp,varlen"
+        default_value = "transformer-varlen,conv,lstm,mnist-mlp,mnist-loader,varlen"
     )]
     models: Vec<String>,
     /// Fused, unfused or both.
