@@ -491,3 +491,110 @@ fn without_cross_stream_reuse_nothing_is_lent() {
     alloc.free(other).unwrap();
     alloc.free(held).unwrap();
 }
+
+/// Random requests on three streams under every default (sharing, lending, borrowing), with
+/// streams' work completing at random and event calls failing now and then: after every step
+/// the invariants hold, and no request is ever given memory that another stream's work may
+/// still use. The model: a range freed by the stream it was requested on stays busy for that
+/// stream until that stream's work completes (`complete_events`), a device free (which
+/// synchronises the device) or the engine's own synchronisation of events (`empty_cache`, the
+/// out-of-memory path); the stream itself may reuse it at once (stream order), no other may.
+mod lending_random {
+    use burn_caching_alloc::device::sim::SimCall;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Malloc { size: u64, stream: u64 },
+        Free { index: usize },
+        Complete { stream: u64 },
+        FailQuery,
+        FailRecord,
+        EmptyCache,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (prop_oneof![1..64 * KIB, 64 * KIB..MIB, MIB..6 * MIB], 0u64..3)
+                .prop_map(|(size, stream)| Op::Malloc { size, stream }),
+            5 => any::<usize>().prop_map(|index| Op::Free { index }),
+            2 => (0u64..3).prop_map(|stream| Op::Complete { stream }),
+            1 => Just(Op::FailQuery),
+            1 => Just(Op::FailRecord),
+            1 => Just(Op::EmptyCache),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn no_stream_is_given_memory_another_streams_work_may_still_use(
+            ops in prop::collection::vec(op(), 1..120)
+        ) {
+            let (alloc, device) = allocator(
+                96 * MIB,
+                "segment_sizing:grow,pool_borrowing:true,cross_stream_reuse:true,release_outgrown:true",
+            );
+            // Live allocations with the stream they were requested on.
+            let mut live = Vec::new();
+            // Freed ranges whose stream's work may still use them: (start, end, stream).
+            let mut busy: Vec<(u64, u64, u64)> = Vec::new();
+            for op in ops {
+                let (frees, syncs) = (device.counters().frees, alloc.stats().num_sync_all_streams);
+                match op {
+                    Op::Malloc { size, stream } => {
+                        if let Ok(block) = alloc.malloc(size, DeviceStream(stream)) {
+                            live.push((block, stream));
+                        }
+                    }
+                    Op::Free { index } if !live.is_empty() => {
+                        let (block, stream) = live.swap_remove(index % live.len());
+                        busy.push((block.address(), block.address() + block.size(), stream));
+                        // A lent block's free records an event on its stream; a failed record
+                        // is an error and the block waits (the next call records it again).
+                        let _ = alloc.free(block);
+                    }
+                    Op::Free { .. } => {}
+                    Op::Complete { stream } => {
+                        device.complete_events(DeviceStream(stream));
+                        busy.retain(|&(_, _, s)| s != stream);
+                    }
+                    Op::FailQuery => device.fail_next(SimCall::QueryEvent),
+                    Op::FailRecord => device.fail_next(SimCall::RecordEvent),
+                    Op::EmptyCache => {
+                        let _ = alloc.empty_cache();
+                    }
+                }
+                if device.counters().frees > frees
+                    || alloc.stats().num_sync_all_streams > syncs
+                {
+                    busy.clear();
+                }
+                if let Some((block, stream)) = live.last()
+                    && matches!(op, Op::Malloc { .. })
+                {
+                    let (start, end) = (block.address(), block.address() + block.size());
+                    for &(s, e, other) in &busy {
+                        prop_assert!(
+                            other == *stream || end <= s || e <= start,
+                            "stream {stream} was given [{start:#x}, {end:#x}) while stream \
+                             {other}'s work may still use [{s:#x}, {e:#x})"
+                        );
+                    }
+                }
+                check_invariants(&alloc, &device);
+            }
+            for (block, _) in live {
+                let _ = alloc.free(block); // may meet one armed record failure
+            }
+            device.complete_all_events();
+            let _ = alloc.empty_cache(); // may meet one armed failure
+            device.complete_all_events();
+            alloc.empty_cache().unwrap();
+            prop_assert_eq!(device.bytes_in_use(), 0);
+        }
+    }
+}
