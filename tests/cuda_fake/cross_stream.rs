@@ -85,3 +85,92 @@ fn a_read_on_another_stream_is_never_overwritten_by_the_next_tensor_under_every_
     }
     assert_eq!(rounds, 3 * SEEDS);
 }
+
+/// Rounds of two to four threads (a data loader's workers), each creating buffers of its own
+/// patterns, reading them back without waiting and dropping them, then exiting: the next
+/// rounds' threads take the gone threads' slots (they report their exit), and a round with
+/// more threads than the last has streams with nothing cached, served by the free parts of
+/// the others' segments (`cross_stream_reuse`: whole segments, lent blocks). Under every
+/// scheduler mode, 6 seeds each: every byte read back is the byte written, the fake's race
+/// detector has nothing to report, and memory did cross streams (issue 38). In a child
+/// process, so that device 4 opens without expandable segments (which turn sharing off).
+#[test]
+fn threads_that_come_and_go_reuse_each_others_memory_with_values_exact_under_every_schedule() {
+    let Some(driver) = fake_or_skip() else { return };
+    if !crate::child::in_child(
+        "cross_stream::threads_that_come_and_go_reuse_each_others_memory_with_values_exact_under_every_schedule",
+        &[(
+            "BURN_CACHING_ALLOC_CONF",
+            Some(std::ffi::OsStr::new("expandable_segments:False")),
+        )],
+    ) {
+        return;
+    }
+    let _turn = DEVICE_4.lock();
+    let _real = driver.real_turn();
+    let device = CudaDevice::new(driver.ordinal(4));
+    let sizes = [4096usize, 100 << 10, 700 << 10, 3 << 20];
+    let mut rounds = 0u64;
+    for mode in SCHEDULES {
+        for seed in 0..6u64 {
+            if let Some(fake) = driver.fake() {
+                fake.set_schedule(mode, seed);
+            }
+            let threads = 2 + (rounds % 3) as usize;
+            let start = std::sync::Arc::new(std::sync::Barrier::new(threads));
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (device, start) = (device.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        let client: ComputeClient<CachingCudaRuntime> =
+                            CachingCudaRuntime::client(&device);
+                        start.wait();
+                        let reads: Vec<_> = (0..sizes.len())
+                            .map(|j| {
+                                let size = sizes[(j + t + seed as usize) % sizes.len()];
+                                let byte =
+                                    (rounds as u8).wrapping_mul(31) ^ (t as u8) << 4 ^ j as u8;
+                                let handle = client.create(Bytes::from_bytes_vec(vec![byte; size]));
+                                // The handle goes with the read: its memory is free for the
+                                // next tensor once the read is issued.
+                                (byte, client.read_async(vec![handle]))
+                            })
+                            .collect();
+                        for (byte, read) in reads {
+                            let bytes = cubecl_common::future::block_on(read).expect("read");
+                            let bytes = bytes.into_iter().next().expect("one buffer");
+                            let wrong = bytes.iter().filter(|b| **b != byte).count();
+                            assert_eq!(wrong, 0, "thread {t}: {wrong} bytes not {byte:#x}");
+                        }
+                    })
+                })
+                .collect();
+            for worker in workers {
+                worker
+                    .join()
+                    .unwrap_or_else(|_| panic!("{mode:?}, seed {seed}: a thread failed"));
+            }
+            if let Some(fake) = driver.fake() {
+                fake.assert_no_violations();
+            }
+            rounds += 1;
+        }
+    }
+    let map = burn_caching_alloc::backend::memory_stats(&device).to_map();
+    let key = |k: &str| map.get(k).copied().unwrap_or(0);
+    println!(
+        "{rounds} rounds: slot reuses {}, segments shared {}, blocks lent {}, device allocations {}",
+        key("cubecl.slot_reuses"),
+        key("num_stream_shares"),
+        key("num_stream_lends"),
+        key("num_device_alloc"),
+    );
+    assert!(
+        key("cubecl.slot_reuses") > 0,
+        "no thread took a gone thread's slot"
+    );
+    assert!(
+        key("num_stream_shares") + key("num_stream_lends") > 0,
+        "no memory crossed streams"
+    );
+}

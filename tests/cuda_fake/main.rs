@@ -32,7 +32,8 @@
 //! - `expandable`: expandable segments through the runtime against the granularity contracts;
 //! - `oom`: out of memory on a small device, the allocator's report;
 //! - `cross_stream`: PyTorch's `record_stream` rule from several threads, every scheduler mode,
-//!   20 seeds each, values checked;
+//!   20 seeds each, values checked; rounds of threads that come and go, their memory crossing
+//!   streams (slot reuse, shared segments, lent blocks), every scheduler mode, values checked;
 //! - `comm`: CUDA's device path between devices (peer copies, NCCL) on four fake devices in
 //!   child processes, every scheduler mode; a member failing before its NCCL call, the path
 //!   of an all-reduce when the setting changes between members, the host path's pinned
