@@ -13,7 +13,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::nets::Net;
-use crate::trainer::{Step, Trainer};
+use crate::trainer::{Step, Trainer, to_device};
 use crate::workload::{Batch, LOADER_BATCH, LOADER_WORKERS};
 
 /// Batches a worker may put on the device ahead of the training (Burn's `MAX_QUEUED_ITEMS`).
@@ -56,29 +56,24 @@ where
                 let sender = sender.clone();
                 let device = self.trainer.device().clone();
                 // Worker `w` loads batches w, w + workers, ...
-                let assigned: Vec<(usize, Vec<f32>, Vec<i64>)> = (worker..batches)
+                let assigned: Vec<(usize, Batch)> = (worker..batches)
                     .step_by(LOADER_WORKERS)
                     .map(|b| {
                         let images = b * LOADER_BATCH..(b + 1) * LOADER_BATCH;
-                        (
-                            b,
-                            epoch.inputs[images.start * pixels..images.end * pixels].to_vec(),
-                            epoch.labels[images].to_vec(),
-                        )
+                        let batch = Batch {
+                            inputs: epoch.inputs[images.start * pixels..images.end * pixels]
+                                .to_vec(),
+                            shape: [LOADER_BATCH, 1, pixels],
+                            labels: epoch.labels[images].to_vec(),
+                        };
+                        (b, batch)
                     })
                     .collect();
                 std::thread::Builder::new()
                     .name(format!("loader-{worker}"))
                     .spawn(move || {
-                        for (b, inputs, labels) in assigned {
-                            let inputs = Tensor::<B, 3>::from_data(
-                                TensorData::new(inputs, [LOADER_BATCH, 1, pixels]),
-                                &device,
-                            );
-                            let labels = Tensor::<B, 1, Int>::from_data(
-                                TensorData::new(labels, [LOADER_BATCH]),
-                                &device,
-                            );
+                        for (b, batch) in assigned {
+                            let (inputs, labels) = to_device::<B>(&batch, &device);
                             if sender.send((b, inputs, labels)).is_err() {
                                 return;
                             }

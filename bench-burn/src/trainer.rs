@@ -50,6 +50,19 @@ where
     }
 }
 
+/// `batch` on `device`: its inputs (rank 3) and its class labels.
+pub fn to_device<B: Backend>(
+    batch: &Batch,
+    device: &B::Device,
+) -> (Tensor<B, 3>, Tensor<B, 1, Int>) {
+    let inputs = Tensor::from_data(TensorData::new(batch.inputs.clone(), batch.shape), device);
+    let labels = Tensor::from_data(
+        TensorData::new(batch.labels.clone(), [batch.shape[0]]),
+        device,
+    );
+    (inputs, labels)
+}
+
 /// A model and its Adam optimizer on `B`, trained batch by batch ([`Trainer::train`]).
 pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B>, O> {
     model: Option<M>,
@@ -128,15 +141,7 @@ where
     O: Optimizer<M, B>,
 {
     fn step(&mut self, batch: &Batch) -> Result<f64, String> {
-        let n = batch.shape[0];
-        let inputs = Tensor::<B, 3>::from_data(
-            TensorData::new(batch.inputs.clone(), batch.shape),
-            &self.device,
-        );
-        let labels = Tensor::<B, 1, Int>::from_data(
-            TensorData::new(batch.labels.clone(), [n]),
-            &self.device,
-        );
+        let (inputs, labels) = to_device::<B>(batch, &self.device);
         self.train(inputs, labels)
     }
 }

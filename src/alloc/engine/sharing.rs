@@ -221,42 +221,18 @@ impl<D: DeviceMemory> Engine<D> {
         if self.streams.streams.len() < 2 {
             return Ok(None);
         }
-        for idle in [true, false] {
-            let mut best: Option<(u64, u64, BlockId)> = None;
-            for i in 0..self.streams.streams.len() {
-                let state = &self.streams.streams[i];
-                if state.stream == stream || (state.live == 0) != idle {
-                    continue;
-                }
-                // A fence that cannot be recorded or asked (an event pool exhausted on a
-                // nearly full device) leaves that stream's cache where it is: the request
-                // goes on to new memory and the out-of-memory path, never fails here.
-                let found = match self.shareable_segment(i, pool, rounded, limit, idle) {
-                    Ok(found) => found,
-                    Err(err) => {
-                        log::warn!(
-                            "caching allocator: a stream's fence failed ({err}); its cache stays with it"
-                        );
-                        None
-                    }
-                };
-                if let Some(found) = found
-                    && best.is_none_or(|b| (found.0, found.1) < (b.0, b.1))
-                {
-                    best = Some(found);
-                }
-            }
-            if let Some((_, _, block)) = best {
-                self.unlist(block);
-                self.blocks.set_stream(block, stream);
-                // Its old stream's work on it is done (its fence passed): no free of the new
-                // stream's is behind it.
-                self.blocks[block].freed_at = 0;
-                self.stats.num_stream_shares += 1;
-                return Ok(Some(block));
-            }
+        let best = self.best_of_other_streams(stream, |engine, i, idle| {
+            engine.shareable_segment(i, pool, rounded, limit, idle)
+        });
+        if let Some(block) = best {
+            self.unlist(block);
+            self.blocks.set_stream(block, stream);
+            // Its old stream's work on it is done (its fence passed): no free of the new
+            // stream's is behind it.
+            self.blocks[block].freed_at = 0;
+            self.stats.num_stream_shares += 1;
         }
-        Ok(None)
+        Ok(best)
     }
 
     /// Stream `i`'s best wholly free segment for a request of `rounded` bytes that its fences
@@ -318,6 +294,30 @@ impl<D: DeviceMemory> Engine<D> {
         if !self.sharing() || self.streams.streams.len() < 2 {
             return None;
         }
+        let best = self.best_of_other_streams(stream, |engine, i, idle| {
+            engine.lendable_block(i, pool, rounded, idle)
+        });
+        if let Some(block) = best {
+            self.unlist(block);
+            self.stats.num_stream_lends += 1;
+        }
+        best
+    }
+
+    /// The best candidate (smallest, then lowest address) that `candidate` finds on a stream
+    /// other than `stream`, streams with no live block first (`candidate` is told which it is
+    /// looking at). A fence that cannot be recorded or asked (an event pool exhausted on a
+    /// nearly full device) leaves that stream's cache where it is: the request goes on to new
+    /// memory and the out-of-memory path, never fails here.
+    fn best_of_other_streams(
+        &mut self,
+        stream: DeviceStream,
+        mut candidate: impl FnMut(
+            &mut Self,
+            usize,
+            bool,
+        ) -> Result<Option<(u64, u64, BlockId)>, AllocError>,
+    ) -> Option<BlockId> {
         for idle in [true, false] {
             let mut best: Option<(u64, u64, BlockId)> = None;
             for i in 0..self.streams.streams.len() {
@@ -325,15 +325,12 @@ impl<D: DeviceMemory> Engine<D> {
                 if state.stream == stream || (state.live == 0) != idle {
                     continue;
                 }
-                let found = match self.lendable_block(i, pool, rounded, idle) {
-                    Ok(found) => found,
-                    Err(err) => {
-                        log::warn!(
-                            "caching allocator: a stream's fence failed ({err}); its cache stays with it"
-                        );
-                        None
-                    }
-                };
+                let found = candidate(self, i, idle).unwrap_or_else(|err| {
+                    log::warn!(
+                        "caching allocator: a stream's fence failed ({err}); its cache stays with it"
+                    );
+                    None
+                });
                 if let Some(found) = found
                     && best.is_none_or(|b| (found.0, found.1) < (b.0, b.1))
                 {
@@ -341,8 +338,6 @@ impl<D: DeviceMemory> Engine<D> {
                 }
             }
             if let Some((_, _, block)) = best {
-                self.unlist(block);
-                self.stats.num_stream_lends += 1;
                 return Some(block);
             }
         }
