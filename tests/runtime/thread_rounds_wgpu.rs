@@ -93,9 +93,9 @@ fn reserved_per_round<B: Backend<Device = burn::backend::wgpu::WgpuDevice>>(
 /// 24 x 6; 22 x 5, 24; 22, 22, 22, 24, 24, 24. Every round's six threads take the slots of the
 /// round before and no slot is made after the second round; what a later round may add (one or
 /// two 2 MiB segments: issue 38's 5 % is not met here) is a slot's own cache, as each round
-/// deals the threads' different sizes to the slots in another order, and a miss is lent
-/// another slot's free block only once that slot's fence has passed, which with six threads
-/// busy in step it rarely has. Before another stream's segments of the other pool could be
+/// deals the threads' different sizes to the slots in another order, and while the threads
+/// run, what they drop stays free in their slots' CubeCL pools, out of the engine's sight (no
+/// block of it can be lent to a slot that misses). Before another stream's segments of the other pool could be
 /// borrowed: 20, 26, 32, 32 fused and 20, 30, 30, 34 unfused. (A hand-back of every other
 /// slot's free slices before the engine grows brought this run to 12 to 16 MiB but made the
 /// soak's steady state grow a segment in a later round: not kept.)
