@@ -213,6 +213,15 @@ pub struct AllocatorConfig {
     /// written before the key existed used PyTorch's rule and read back as it.
     #[serde(default)]
     pub cross_stream_reuse: bool,
+    /// With `cross_stream_reuse`, whether a miss that no wholly free segment of another
+    /// stream serves is lent a free block of a busy stream, once that stream's work on it is
+    /// done, the block staying in its stream's segment and the requester recorded as a use
+    /// of it (`cross_stream_lending:true`), or only a block of an idle stream (the default).
+    /// Lending from busy streams keeps a data loader's reserved memory level when the
+    /// scheduler runs more workers at once than before, but between busy threads that keep
+    /// working it can take a segment more in a later round of the same work.
+    #[serde(default)]
+    pub cross_stream_lending: bool,
     /// Whether a large request that none of its stream's cached blocks can serve, about to
     /// take a new segment of `n` bytes, first returns up to `n` bytes of the stream's wholly
     /// free large segments to the device, smallest first (the default): a working set that
@@ -297,6 +306,7 @@ impl Default for AllocatorConfig {
             segment_sizing: SegmentSizing::Grow,
             pool_borrowing: true,
             cross_stream_reuse: true,
+            cross_stream_lending: false,
             release_outgrown: true,
             throw_on_cudamalloc_oom: false,
             no_cuda_memory_caching: false,
@@ -451,7 +461,7 @@ macro_rules! key {
 }
 
 /// Every key the configuration string accepts, one row each (a new key is a new row).
-const KEYS: [Key; 17] = [
+const KEYS: [Key; 18] = [
     key!("expandable_segments", |config, key, value| {
         config.expandable_segments = parse_true_false(key, value)?
     }),
@@ -467,6 +477,9 @@ const KEYS: [Key; 17] = [
     }),
     key!("cross_stream_reuse", |config, key, value| {
         config.cross_stream_reuse = parse_true_false(key, value)?
+    }),
+    key!("cross_stream_lending", |config, key, value| {
+        config.cross_stream_lending = parse_true_false(key, value)?
     }),
     key!("release_outgrown", |config, key, value| {
         config.release_outgrown = parse_true_false(key, value)?

@@ -9,6 +9,8 @@ use burn_caching_alloc::device::sim::SimDevice;
 use crate::common::*;
 
 const SHARING: &str = "cross_stream_reuse:true";
+/// Sharing with lending from busy streams as well.
+const LENDING: &str = "cross_stream_reuse:true,cross_stream_lending:true";
 const S2: DeviceStream = DeviceStream(2);
 
 /// Each segment's stream, by address.
@@ -381,7 +383,7 @@ fn without_pool_borrowing_another_streams_other_pool_is_left_alone() {
 #[test]
 fn a_new_stream_is_lent_the_free_part_of_another_streams_segment_and_its_free_waits_for_its_own_work()
  {
-    let (alloc, device) = allocator(64 * MIB, SHARING);
+    let (alloc, device) = allocator(64 * MIB, LENDING);
     // Stream 1 (the main thread, say) holds a small tensor: its 2 MiB small segment is split.
     let held = alloc.malloc(512, S1).unwrap();
     // Stream 2 (a new worker thread) asks for 100 KiB: no cache of its own, no wholly free
@@ -443,7 +445,7 @@ fn a_new_stream_is_lent_the_free_part_of_another_streams_segment_and_its_free_wa
 /// may still read it), and is once it has.
 #[test]
 fn the_rest_of_a_block_freed_behind_pending_work_is_lent_only_after_its_streams_fence() {
-    let (alloc, device) = allocator(64 * MIB, SHARING);
+    let (alloc, device) = allocator(64 * MIB, LENDING);
     let a = alloc.malloc(MIB, S0).unwrap();
     let b = alloc.malloc(MIB, S0).unwrap();
     let segment = a.address();
@@ -536,7 +538,7 @@ mod lending_random {
         ) {
             let (alloc, device) = allocator(
                 96 * MIB,
-                "segment_sizing:grow,pool_borrowing:true,cross_stream_reuse:true,release_outgrown:true",
+                "segment_sizing:grow,pool_borrowing:true,cross_stream_reuse:true,cross_stream_lending:true,release_outgrown:true",
             );
             // Live allocations with the stream they were requested on.
             let mut live = Vec::new();
@@ -596,5 +598,30 @@ mod lending_random {
             alloc.empty_cache().unwrap();
             prop_assert_eq!(device.bytes_in_use(), 0);
         }
+    }
+}
+
+/// By default a busy stream lends nothing (lending back and forth between busy threads made a
+/// later round of the runtime's soak take a segment more): a new stream gets a segment of its
+/// own beside a busy stream's free room; with `cross_stream_lending:true` it is lent that room.
+#[test]
+fn busy_streams_lend_only_under_cross_stream_lending() {
+    for (config, lent) in [(SHARING, false), (LENDING, true)] {
+        let (alloc, device) = allocator(64 * MIB, config);
+        // Stream 1 is busy (a live block) with free room in its small segment.
+        let held = alloc.malloc(512, S1).unwrap();
+        let new = alloc.malloc(100 * KIB, S2).unwrap();
+        assert_eq!(alloc.stats().num_stream_lends, u64::from(lent), "{config}");
+        assert_eq!(
+            device.counters().allocs,
+            if lent { 1 } else { 2 },
+            "{config}"
+        );
+        assert_eq!(new.stream(), if lent { S1 } else { S2 }, "{config}");
+        check_invariants(&alloc, &device);
+        alloc.free(new).unwrap();
+        alloc.free(held).unwrap();
+        device.complete_all_events();
+        check_invariants(&alloc, &device);
     }
 }

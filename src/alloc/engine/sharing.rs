@@ -31,15 +31,18 @@
 //! whose candidates are all behind pending fences allocates as before. Fences are recorded
 //! only once the engine has seen two streams: a single-stream workload pays nothing.
 //!
-//! **Lending**: where no wholly free segment fits, a miss takes the best free *block* another
-//! stream cached whose last free is behind completed work (the same fences), idle streams
-//! first, without moving it: the block stays its stream's, split there by the usual rules,
-//! and the requesting stream is recorded as a use of it (PyTorch's `record_stream`), so its
-//! free waits for an event on the requesting stream before the block serves its own stream
-//! again. That is what a new thread's first requests need: a data-loader worker's batch of
-//! 100 KiB is served by the free part of another stream's small segment instead of a 2 MiB
-//! segment of its own, and reserved memory stops depending on how many threads the
-//! scheduler ran at once.
+//! **Lending**: where no wholly free segment fits, a miss is lent the best free *block*
+//! another stream cached whose last free is behind completed work (the same fences), without
+//! moving it: the block stays its stream's, split there by the usual rules, and the requesting
+//! stream is recorded as a use of it (PyTorch's `record_stream`), so its free waits for an
+//! event on the requesting stream before the block serves its own stream again. By default
+//! only idle streams lend (their free blocks are mostly whole segments, which move instead);
+//! with `cross_stream_lending:true` busy streams lend too: a new data-loader worker's 100 KiB
+//! batch is then served by the free part of the main thread's small segment instead of a
+//! 2 MiB segment of its own, and a loader's reserved memory stops depending on how many
+//! workers the scheduler ran at once; but between busy threads that keep working, lending
+//! back and forth made a later round of the same work take a segment more (the runtime's
+//! soak test, in half of its runs), which is why it is not the default.
 //!
 //! Statistics: a moved segment stays in its pool (no statistic changes but
 //! `num_stream_shares`, which counts the moves); it costs no device call. A lent block is an
@@ -294,7 +297,14 @@ impl<D: DeviceMemory> Engine<D> {
         if !self.sharing() || self.streams.streams.len() < 2 {
             return None;
         }
+        // Busy streams lend only under `cross_stream_lending:true`: between busy threads that
+        // keep working, lending back and forth made a later round of the same work take a
+        // segment more (the soak test, half of its runs).
+        let idle_only = !self.config.cross_stream_lending;
         let best = self.best_of_other_streams(stream, |engine, i, idle| {
+            if idle_only && !idle {
+                return Ok(None);
+            }
             engine.lendable_block(i, pool, rounded, idle)
         });
         if let Some(block) = best {
