@@ -113,6 +113,9 @@ pub(crate) struct Block {
     /// Its stream's free count when the block last became free: other streams may take it
     /// once an event recorded after that free has completed (see the engine's `sharing`).
     pub freed_at: u64,
+    /// Whether the live allocation was lent to another stream than the block's own (see the
+    /// engine's `sharing`): it does not count in its stream's own use.
+    pub lent: bool,
     /// The scope the live allocation was made in ([`Tag`]), if any.
     pub tag: Option<Tag>,
 }
@@ -134,6 +137,7 @@ impl Block {
             gc_base: 0,
             backing,
             freed_at: 0,
+            lent: false,
             tag: None,
         }
     }

@@ -8,8 +8,9 @@ use burn_caching_alloc::device::sim::SimDevice;
 
 use crate::common::*;
 
-const SHARING: &str = "cross_stream_reuse:true";
-/// Sharing with lending from busy streams as well.
+/// Whole segments cross streams, and idle streams lend, but busy ones do not.
+const SHARING: &str = "cross_stream_reuse:true,cross_stream_lending:false";
+/// Sharing with lending from busy streams as well (the default).
 const LENDING: &str = "cross_stream_reuse:true,cross_stream_lending:true";
 const S2: DeviceStream = DeviceStream(2);
 
@@ -447,17 +448,14 @@ fn a_new_stream_is_lent_the_free_part_of_another_streams_segment_and_its_free_wa
 fn the_rest_of_a_block_freed_behind_pending_work_is_lent_only_after_its_streams_fence() {
     let (alloc, device) = allocator(64 * MIB, LENDING);
     let a = alloc.malloc(MIB, S0).unwrap();
-    let b = alloc.malloc(MIB, S0).unwrap();
     let segment = a.address();
-    // Stream 0 frees `a` (still busy with `b`: no fence) and reuses 4 KiB of it: the other
-    // 1020 KiB were last freed with `a`, behind work that may still run.
+    // Stream 0 frees `a` and reuses half of the segment: the other 1 MiB was last freed with
+    // `a`, behind work that may still run. (Its own use never exceeded 1 MiB, so the rest is
+    // room it may lend.)
     alloc.free(a).unwrap();
-    let c = alloc.malloc(4 * KIB, S0).unwrap();
+    let c = alloc.malloc(MIB, S0).unwrap();
     assert_eq!(c.address(), segment);
-    assert_eq!(
-        layout(&alloc),
-        vec![vec![(4 * KIB, A), (MIB - 4 * KIB, F), (MIB, A)]]
-    );
+    assert_eq!(layout(&alloc), vec![vec![(MIB, A), (MIB, F)]]);
     // Stream 1 asks for 8 KiB: a fence is recorded on stream 0 and asked; it has not
     // completed, so stream 1 gets a segment of its own.
     let d = alloc.malloc(8 * KIB, S1).unwrap();
@@ -465,16 +463,17 @@ fn the_rest_of_a_block_freed_behind_pending_work_is_lent_only_after_its_streams_
     assert_eq!(alloc.stats().num_stream_lends, 0);
     assert_eq!(device.counters().allocs, 2);
     check_invariants(&alloc, &device);
-    // Stream 0's work passes the fence: stream 2's request is lent the rest of `a`.
+    // Stream 0's work passes the fence: stream 2's request is lent the rest of `a` (best fit:
+    // smaller than stream 1's free rest of 2 MiB - 8 KiB).
     device.complete_events(S0);
     let e = alloc.malloc(8 * KIB, S2).unwrap();
     let stats = alloc.stats();
     assert_eq!(stats.num_stream_lends, 1);
     assert_eq!(device.counters().allocs, 2);
-    // Best fit: stream 1's own free rest (2 MiB - 8 KiB) is larger than stream 0's.
-    assert_eq!(e.address(), segment + 4 * KIB);
+    assert_eq!(e.address(), segment + MIB);
+    assert_eq!(e.stream(), S0);
     check_invariants(&alloc, &device);
-    for x in [b, c, d, e] {
+    for x in [c, d, e] {
         alloc.free(x).unwrap();
     }
     device.complete_all_events();
@@ -601,27 +600,105 @@ mod lending_random {
     }
 }
 
-/// By default a busy stream lends nothing (lending back and forth between busy threads made a
-/// later round of the runtime's soak take a segment more): a new stream gets a segment of its
-/// own beside a busy stream's free room; with `cross_stream_lending:true` it is lent that room.
+/// A busy stream lends only small-pool room its own use has never needed: after the loan its
+/// free bytes must still cover its peak own use minus its use now (`has_surplus` in the
+/// engine's `sharing`). Stream 1 held 1.5 MiB of its 2 MiB small segment at its peak and
+/// holds 512 bytes now: 1.5 MiB of its room is what its own work needs back; 400 KiB of the
+/// rest is lent, 512 KiB is not (a segment of the requester's own instead). Under
+/// `cross_stream_lending:false` a busy stream lends nothing.
 #[test]
-fn busy_streams_lend_only_under_cross_stream_lending() {
-    for (config, lent) in [(SHARING, false), (LENDING, true)] {
+fn a_busy_stream_lends_only_small_pool_room_its_own_use_never_needed() {
+    for (config, request, lent) in [
+        (LENDING, 400 * KIB, true),
+        (LENDING, 512 * KIB, false),
+        (SHARING, 400 * KIB, false),
+    ] {
         let (alloc, device) = allocator(64 * MIB, config);
-        // Stream 1 is busy (a live block) with free room in its small segment.
+        let big = alloc.malloc(MIB, S1).unwrap();
+        let half = alloc.malloc(512 * KIB, S1).unwrap();
         let held = alloc.malloc(512, S1).unwrap();
-        let new = alloc.malloc(100 * KIB, S2).unwrap();
-        assert_eq!(alloc.stats().num_stream_lends, u64::from(lent), "{config}");
+        alloc.free(big).unwrap();
+        alloc.free(half).unwrap();
+        // [1.5 MiB free, freed behind stream 1's work][512 held][never used]
         assert_eq!(
-            device.counters().allocs,
-            if lent { 1 } else { 2 },
+            layout(&alloc),
+            vec![vec![(MIB + 512 * KIB, F), (512, A), (512 * KIB - 512, F)]],
             "{config}"
         );
-        assert_eq!(new.stream(), if lent { S1 } else { S2 }, "{config}");
+        let events = device.counters().events_recorded;
+        let new = alloc.malloc(request, S2).unwrap();
+        let what = format!("{config}, {request} bytes");
+        assert_eq!(alloc.stats().num_stream_lends, u64::from(lent), "{what}");
+        assert_eq!(device.counters().allocs, if lent { 1 } else { 2 }, "{what}");
+        if lent {
+            // The never-used room after the held block: no fence needed.
+            assert_eq!(new.stream(), S1, "{what}");
+            assert_eq!(new.address(), held.address() + 512, "{what}");
+            assert_eq!(device.counters().events_recorded, events, "{what}");
+        } else {
+            assert_eq!(new.stream(), S2, "{what}");
+        }
         check_invariants(&alloc, &device);
         alloc.free(new).unwrap();
         alloc.free(held).unwrap();
         device.complete_all_events();
         check_invariants(&alloc, &device);
     }
+}
+
+/// A busy stream lends only to a stream that holds no segment of the request's pool (a new
+/// thread's first memory): once a stream has memory of its own in the pool its misses grow
+/// it, so its cache comes to cover its own work and stops depending on what other threads
+/// happen to hold at the time (threads that keep working settle, as under PyTorch's rule).
+#[test]
+fn a_busy_stream_lends_only_to_a_stream_without_a_segment_of_the_pool() {
+    let (alloc, device) = allocator(64 * MIB, LENDING);
+    const S3: DeviceStream = DeviceStream(3);
+    // Stream 2 fills a small segment of its own; stream 1, with none, finds no room to
+    // borrow and takes one too.
+    let a = alloc.malloc(MIB, S2).unwrap();
+    let b = alloc.malloc(MIB, S2).unwrap();
+    let c = alloc.malloc(512, S1).unwrap();
+    assert_eq!(c.stream(), S1);
+    assert_eq!(alloc.stats().num_device_alloc, 2);
+    // Stream 2 misses: stream 1 is busy with room it never needed, but stream 2 has a small
+    // segment of its own, so it grows another.
+    let d = alloc.malloc(100 * KIB, S2).unwrap();
+    assert_eq!(d.stream(), S2);
+    assert_eq!(alloc.stats().num_stream_lends, 0);
+    assert_eq!(alloc.stats().num_device_alloc, 3);
+    // A new stream with no segment is lent: the best fit among the busy streams' room is the
+    // rest of stream 2's new segment.
+    let e = alloc.malloc(100 * KIB, S3).unwrap();
+    assert_eq!(e.stream(), S2);
+    assert_eq!(e.address(), d.address() + 100 * KIB);
+    assert_eq!(alloc.stats().num_stream_lends, 1);
+    assert_eq!(alloc.stats().num_device_alloc, 3);
+    check_invariants(&alloc, &device);
+    for x in [a, b, c, d, e] {
+        alloc.free(x).unwrap();
+    }
+    device.complete_all_events();
+    check_invariants(&alloc, &device);
+}
+
+/// A busy stream never lends large-pool memory, however much of it is free: a large block is
+/// a working tensor of its own loop, which lending made the lender grow a segment for in a
+/// later round (the runtime's soak).
+#[test]
+fn a_busy_stream_lends_no_large_block() {
+    let (alloc, device) = allocator(256 * MIB, LENDING);
+    let a = alloc.malloc(3 * MIB, S1).unwrap();
+    let b = alloc.malloc(3 * MIB, S1).unwrap();
+    assert_eq!(alloc.stats().num_device_alloc, 1, "one large segment");
+    alloc.free(a).unwrap();
+    // Stream 1 still holds `b`: busy, with 3 MiB and more free in its segment.
+    let new = alloc.malloc(2 * MIB + 1, S2).unwrap();
+    assert_eq!(alloc.stats().num_stream_lends, 0);
+    assert_eq!(new.stream(), S2);
+    assert_eq!(alloc.stats().num_device_alloc, 2);
+    alloc.free(new).unwrap();
+    alloc.free(b).unwrap();
+    device.complete_all_events();
+    check_invariants(&alloc, &device);
 }

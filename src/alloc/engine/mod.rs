@@ -594,6 +594,7 @@ impl<D: DeviceMemory> Engine<D> {
             self.stats.oversize_allocations.decrease(1);
         }
         self.untag(block);
+        self.note_free_requested(block);
         self.record(|| TraceEvent::FreeRequested { id });
         if self.uncached() {
             // Its segment goes back once the block's own stream is done with it too (see

@@ -225,7 +225,7 @@ impl<D: DeviceMemory> Engine<D> {
         }
         self.tag(block);
         let (stream, address) = (self.blocks.stream(block), self.blocks.address(block));
-        self.note_allocated(stream);
+        self.note_allocated(block, stream, requester);
         if requester != stream {
             self.blocks[block].stream_uses.push(requester);
         }

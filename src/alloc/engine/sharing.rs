@@ -35,14 +35,20 @@
 //! another stream cached whose last free is behind completed work (the same fences), without
 //! moving it: the block stays its stream's, split there by the usual rules, and the requesting
 //! stream is recorded as a use of it (PyTorch's `record_stream`), so its free waits for an
-//! event on the requesting stream before the block serves its own stream again. By default
-//! only idle streams lend (their free blocks are mostly whole segments, which move instead);
-//! with `cross_stream_lending:true` busy streams lend too: a new data-loader worker's 100 KiB
-//! batch is then served by the free part of the main thread's small segment instead of a
-//! 2 MiB segment of its own, and a loader's reserved memory stops depending on how many
-//! workers the scheduler ran at once; but between busy threads that keep working, lending
-//! back and forth made a later round of the same work take a segment more (the runtime's
-//! soak test, in half of its runs), which is why it is not the default.
+//! event on the requesting stream before the block serves its own stream again. Idle streams
+//! lend any block. A busy stream (`cross_stream_lending:true`, the default) lends only to a
+//! stream that holds **no segment of the request's pool** (a new thread's first memory), and
+//! only **small-pool room its own use has never needed**: each stream counts the bytes of its
+//! blocks it allocated itself, now and at their peak, and a loan must leave its free bytes in
+//! the pool covering that peak minus its use now. A new data-loader worker's 100 KiB batch is
+//! then served by the free part of the training thread's small segment instead of a 2 MiB
+//! segment of its own, so a loader's reserved memory no longer depends on how many workers
+//! the scheduler ran at once. Between threads that keep working, each thread's cache still
+//! comes to cover its own work: once it has a segment of the pool, its misses grow it, as
+//! under PyTorch's rule, so a steady loop settles after its first rounds (lending busy
+//! threads' working sets to each other made the runtime's soak test grow a segment in a
+//! later round in half of its runs; with these three limits 0 of 32). Large blocks of busy
+//! streams are never lent. `cross_stream_lending:false` lends only from idle streams.
 //!
 //! Statistics: a moved segment stays in its pool (no statistic changes but
 //! `num_stream_shares`, which counts the moves); it costs no device call. A lent block is an
@@ -50,7 +56,7 @@
 //! `cross_stream_reuse:false` is PyTorch's rule.
 
 use super::Engine;
-use crate::alloc::block::BlockId;
+use crate::alloc::block::{BlockId, BlockState};
 use crate::alloc::error::AllocError;
 use crate::alloc::size::{PoolKind, SMALL_BUFFER};
 use crate::device::{DeviceMemory, DeviceStream};
@@ -72,6 +78,18 @@ pub(crate) struct StreamState<E> {
     fence: Option<(E, u64)>,
     /// The free count covered by the newest fence seen complete.
     passed: u64,
+    /// Per pool (small, large): bytes of the stream's blocks allocated by the stream itself
+    /// (not lent to another), now and at most so far.
+    own: [u64; 2],
+    own_peak: [u64; 2],
+}
+
+/// The index of `pool` in a stream's per-pool counts.
+fn pool_index(pool: PoolKind) -> usize {
+    match pool {
+        PoolKind::Small => 0,
+        PoolKind::Large => 1,
+    }
 }
 
 /// Every stream the engine has served, in first-use order.
@@ -99,6 +117,8 @@ impl<E> StreamTable<E> {
                     frees: 0,
                     fence: None,
                     passed: 0,
+                    own: [0; 2],
+                    own_peak: [0; 2],
                 });
                 self.streams.len() - 1
             }
@@ -111,12 +131,78 @@ impl<D: DeviceMemory> Engine<D> {
         self.config.cross_stream_reuse && !self.expandable() && !self.uncached()
     }
 
-    /// A block of `stream` was handed out. Counted whatever the settings: sharing can be
-    /// turned on at run time (`set_allocator_settings`), and a block freed while it was off
-    /// must not look covered by a fence that never saw its stream's work.
-    pub(super) fn note_allocated(&mut self, stream: DeviceStream) {
+    /// Block `block` of `stream` was handed out to `requester`. Counted whatever the settings:
+    /// sharing can be turned on at run time (`set_allocator_settings`), and a block freed while
+    /// it was off must not look covered by a fence that never saw its stream's work. A block
+    /// handed to its own stream counts in the stream's own use (and its peak); one lent to
+    /// another stream is marked lent.
+    pub(super) fn note_allocated(
+        &mut self,
+        block: BlockId,
+        stream: DeviceStream,
+        requester: DeviceStream,
+    ) {
         let i = self.streams.index(stream);
         self.streams.streams[i].live += 1;
+        if requester != stream {
+            self.blocks[block].lent = true;
+            return;
+        }
+        let (k, size) = (
+            pool_index(self.blocks.pool(block)),
+            self.blocks[block].size(),
+        );
+        let state = &mut self.streams.streams[i];
+        state.own[k] += size;
+        state.own_peak[k] = state.own_peak[k].max(state.own[k]);
+    }
+
+    /// The free of block `block` was asked for: its bytes leave its stream's own use (a lent
+    /// block's never entered it).
+    pub(super) fn note_free_requested(&mut self, block: BlockId) {
+        if std::mem::take(&mut self.blocks[block].lent) {
+            return;
+        }
+        let (k, size) = (
+            pool_index(self.blocks.pool(block)),
+            self.blocks[block].size(),
+        );
+        let i = self.streams.index(self.blocks.stream(block));
+        let state = &mut self.streams.streams[i];
+        state.own[k] = state.own[k].saturating_sub(size);
+    }
+
+    /// Whether `stream` holds a segment of `pool` of the allocator's own pools.
+    fn holds_segment(&self, stream: DeviceStream, pool: PoolKind) -> bool {
+        self.blocks.segments().any(|(_, segment)| {
+            segment.stream == stream && segment.pool == pool && segment.mem_pool.is_none()
+        })
+    }
+
+    /// Whether busy stream `i` can lend `bytes` of `pool` and still hold, free, what its own
+    /// use has needed beyond its use now: its free bytes in the pool's segments minus `bytes`
+    /// cover its peak own use minus its own use now. A busy stream thus lends only the part
+    /// of its cache its own work has never needed (the loader worker's batch served by the
+    /// free part of the training thread's small segment), never memory it will ask for again
+    /// (a thread's working set in a loop: lending it made the lender grow a segment in a
+    /// later round).
+    fn has_surplus(&self, i: usize, pool: PoolKind, bytes: u64) -> bool {
+        let state = &self.streams.streams[i];
+        let k = pool_index(pool);
+        let free: u64 = self
+            .blocks
+            .segments()
+            .filter(|(_, segment)| {
+                segment.stream == state.stream
+                    && segment.pool == pool
+                    && segment.mem_pool.is_none()
+                    && !segment.expandable
+            })
+            .flat_map(|(id, _)| self.blocks.segment_blocks(id))
+            .filter(|&block| self.blocks[block].state == BlockState::Inactive)
+            .map(|block| self.blocks[block].size())
+            .sum();
+        free.saturating_sub(bytes) >= state.own_peak[k].saturating_sub(state.own[k])
     }
 
     /// Block `block` of `stream` became free (after merging): stamps it (whatever the
@@ -297,12 +383,14 @@ impl<D: DeviceMemory> Engine<D> {
         if !self.sharing() || self.streams.streams.len() < 2 {
             return None;
         }
-        // Busy streams lend only under `cross_stream_lending:true`: between busy threads that
-        // keep working, lending back and forth made a later round of the same work take a
-        // segment more (the soak test, half of its runs).
-        let idle_only = !self.config.cross_stream_lending;
+        // A busy stream lends only under `cross_stream_lending:true`, to a stream without a
+        // segment of the pool, small-pool room its own use never needed (see the module
+        // documentation).
+        let idle_only = !self.config.cross_stream_lending || self.holds_segment(stream, pool);
         let best = self.best_of_other_streams(stream, |engine, i, idle| {
-            if idle_only && !idle {
+            if !idle
+                && (idle_only || pool != PoolKind::Small || !engine.has_surplus(i, pool, rounded))
+            {
                 return Ok(None);
             }
             engine.lendable_block(i, pool, rounded, idle)
