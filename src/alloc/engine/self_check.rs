@@ -45,15 +45,27 @@ impl<D: DeviceMemory> Engine<D> {
     }
 
     /// Each stream's live count (kept whatever the settings) against a recount of
-    /// the allocated and pending-free blocks of its segments, and no block stamped with a
-    /// free its stream has not counted yet.
+    /// the allocated and pending-free blocks of its segments, its own use per pool (which
+    /// decides what it may lend) against a recount of its allocated blocks not lent, within
+    /// its peak, only allocated blocks marked lent, and no block stamped with a free its
+    /// stream has not counted yet.
     fn check_stream_table(&self) -> Result<(), String> {
         for state in &self.streams.streams {
             let mut live = 0;
-            for (_, block) in self.blocks.iter() {
+            let mut own = [0u64; 2];
+            for (id, block) in self.blocks.iter() {
                 let segment = self.blocks.segment(block.segment());
                 if segment.stream != state.stream {
                     continue;
+                }
+                if block.lent && block.state != BlockState::ActiveAllocated {
+                    return Err(format!(
+                        "block {id} is marked lent but is {:?}",
+                        block.state
+                    ));
+                }
+                if block.state == BlockState::ActiveAllocated && !block.lent {
+                    own[super::sharing::pool_index(segment.pool)] += block.size();
                 }
                 if block.state != BlockState::Inactive {
                     live += 1;
@@ -68,6 +80,19 @@ impl<D: DeviceMemory> Engine<D> {
                 return Err(format!(
                     "{} counts {} live blocks, its segments hold {live}",
                     state.stream, state.live
+                ));
+            }
+            if own != state.own {
+                return Err(format!(
+                    "{} counts {:?} bytes of its own in use (small, large), its segments hold \
+                     {own:?}",
+                    state.stream, state.own
+                ));
+            }
+            if (0..2).any(|k| state.own[k] > state.own_peak[k]) {
+                return Err(format!(
+                    "{} uses {:?} bytes of its own, over its peak {:?}",
+                    state.stream, state.own, state.own_peak
                 ));
             }
         }

@@ -80,12 +80,12 @@ pub(crate) struct StreamState<E> {
     passed: u64,
     /// Per pool (small, large): bytes of the stream's blocks allocated by the stream itself
     /// (not lent to another), now and at most so far.
-    own: [u64; 2],
-    own_peak: [u64; 2],
+    pub(crate) own: [u64; 2],
+    pub(crate) own_peak: [u64; 2],
 }
 
 /// The index of `pool` in a stream's per-pool counts.
-fn pool_index(pool: PoolKind) -> usize {
+pub(crate) fn pool_index(pool: PoolKind) -> usize {
     match pool {
         PoolKind::Small => 0,
         PoolKind::Large => 1,
