@@ -269,7 +269,7 @@ fn assert_bounded(name: &str, reserved: &[u64]) {
 /// Fused, against stock `Wgpu` (fused, as with Burn's default features) on the same device:
 /// reserved memory does not grow with the epochs (`assert_bounded`) and the model learns.
 /// Measured (lavapipe, debug build), default configuration: `CachingWgpu` 4.0 MiB after every
-/// epoch (three runs); with idle lenders only (`cross_stream_lending:false`) 6.0 after epoch
+/// epoch (six runs); with idle lenders only (`cross_stream_lending:false`) 6.0 after epoch
 /// 1, then 8.0 or 10.0 from some epoch on (one small segment per extra stream slot); stock
 /// `Wgpu` 8.0
 /// (9.3 in some runs). Before slot reuse: 18, 34, 50, ... 162 MiB.
@@ -297,7 +297,7 @@ fn reserved_memory_stays_level_over_epochs_of_a_multi_threaded_loader_fused() {
 }
 
 /// Unfused: the same bound. Measured, default configuration: 4.0 MiB after every epoch, or 2.0
-/// after the first and 4.0 after every later one (three runs); idle lenders only: 4.0, then
+/// after the first and 4.0 after every later one (two and four of six runs); idle lenders only: 4.0, then
 /// 8.0 or 10.0 from some epoch on. In a child process as well, so that it starts from a device no other test used.
 #[test]
 fn reserved_memory_stays_level_over_epochs_of_a_multi_threaded_loader_unfused() {

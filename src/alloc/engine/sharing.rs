@@ -42,18 +42,21 @@
 //! blocks it allocated itself, now and at their peak, and a loan must leave its free bytes in
 //! the pool covering that peak minus its use now. A new data-loader worker's 100 KiB batch is
 //! then served by the free part of the training thread's small segment instead of a 2 MiB
-//! segment of its own, so a loader's reserved memory no longer depends on how many workers
-//! the scheduler ran at once. Between threads that keep working, each thread's cache still
-//! comes to cover its own work: once it has a segment of the pool, its misses grow it, as
-//! under PyTorch's rule, so a steady loop settles after its first rounds (lending busy
-//! threads' working sets to each other made the runtime's soak test grow a segment in a
-//! later round in half of its runs; with these three limits 0 of 32). Large blocks of busy
-//! streams are never lent. `cross_stream_lending:false` lends only from idle streams.
+//! segment of its own, and a loader's reserved memory stays level instead of following how
+//! many workers the scheduler ran at once. Between threads that keep working, each thread's
+//! cache still comes to cover its own work: once it has a segment of the pool, its misses
+//! grow it, as under PyTorch's rule, so a steady loop settles after its first rounds
+//! (lending busy threads' working sets to each other made the runtime's soak test grow a
+//! segment in a later round in half of its runs; with these three limits in none of 48
+//! tests). Large blocks of busy streams are never lent. `cross_stream_lending:false` lends
+//! only from idle streams.
 //!
 //! Statistics: a moved segment stays in its pool (no statistic changes but
 //! `num_stream_shares`, which counts the moves); it costs no device call. A lent block is an
 //! allocation like any other, counted in `num_stream_lends`.
 //! `cross_stream_reuse:false` is PyTorch's rule.
+
+use std::collections::HashMap;
 
 use super::Engine;
 use crate::alloc::block::{BlockId, BlockState};
@@ -186,23 +189,29 @@ impl<D: DeviceMemory> Engine<D> {
     /// free part of the training thread's small segment), never memory it will ask for again
     /// (a thread's working set in a loop: lending it made the lender grow a segment in a
     /// later round).
-    fn has_surplus(&self, i: usize, pool: PoolKind, bytes: u64) -> bool {
+    fn has_surplus(&self, i: usize, pool: PoolKind, bytes: u64, free: u64) -> bool {
         let state = &self.streams.streams[i];
         let k = pool_index(pool);
-        let free: u64 = self
-            .blocks
-            .segments()
-            .filter(|(_, segment)| {
-                segment.stream == state.stream
-                    && segment.pool == pool
-                    && segment.mem_pool.is_none()
-                    && !segment.expandable
-            })
-            .flat_map(|(id, _)| self.blocks.segment_blocks(id))
-            .filter(|&block| self.blocks[block].state == BlockState::Inactive)
-            .map(|block| self.blocks[block].size())
-            .sum();
         free.saturating_sub(bytes) >= state.own_peak[k].saturating_sub(state.own[k])
+    }
+
+    /// The free bytes each stream holds in `pool`'s ordinary segments (one walk of the blocks,
+    /// for every busy stream a miss looks at).
+    fn free_bytes_by_stream(&self, pool: PoolKind) -> HashMap<DeviceStream, u64> {
+        let mut free = HashMap::new();
+        for (id, segment) in self.blocks.segments() {
+            if segment.pool != pool || segment.mem_pool.is_some() || segment.expandable {
+                continue;
+            }
+            let bytes: u64 = self
+                .blocks
+                .segment_blocks(id)
+                .filter(|&block| self.blocks[block].state == BlockState::Inactive)
+                .map(|block| self.blocks[block].size())
+                .sum();
+            *free.entry(segment.stream).or_insert(0) += bytes;
+        }
+        free
     }
 
     /// Block `block` of `stream` became free (after merging): stamps it (whatever the
@@ -386,12 +395,23 @@ impl<D: DeviceMemory> Engine<D> {
         // A busy stream lends only under `cross_stream_lending:true`, to a stream without a
         // segment of the pool, small-pool room its own use never needed (see the module
         // documentation).
-        let idle_only = !self.config.cross_stream_lending || self.holds_segment(stream, pool);
+        let busy_lend = self.config.cross_stream_lending
+            && pool == PoolKind::Small
+            && !self.holds_segment(stream, pool);
+        let free = if busy_lend {
+            self.free_bytes_by_stream(pool)
+        } else {
+            HashMap::new()
+        };
         let best = self.best_of_other_streams(stream, |engine, i, idle| {
-            if !idle
-                && (idle_only || pool != PoolKind::Small || !engine.has_surplus(i, pool, rounded))
-            {
-                return Ok(None);
+            if !idle {
+                let held = free
+                    .get(&engine.streams.streams[i].stream)
+                    .copied()
+                    .unwrap_or(0);
+                if !busy_lend || !engine.has_surplus(i, pool, rounded, held) {
+                    return Ok(None);
+                }
             }
             engine.lendable_block(i, pool, rounded, idle)
         });
