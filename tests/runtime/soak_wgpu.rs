@@ -6,6 +6,14 @@
 //! round. The same threads (so the same streams) run every round: with new threads per round
 //! CubeCL gives new stream ids, whose blocks are cached per stream (issue 38 follows that).
 //! The numbers of each round are printed (`--nocapture`).
+//!
+//! Each backend's soak runs alone in a child process (`support::child`), on a device no other
+//! test used: its question is whether threads that keep working settle on caches of their
+//! own. Beside another busy stream with free small-pool room (a thread still holding tensors,
+//! as earlier tests leave in this process), a thread with no segment of its own borrows that
+//! room (`cross_stream_lending`) until its own work outgrows it, and that may happen in a
+//! later round (seen once in the whole suite: fused 44, 48, 54 MiB); the guide's
+//! configuration chapter says so.
 
 use std::sync::{Arc, Barrier};
 
@@ -13,6 +21,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_caching_alloc::backend::{self, CachingWgpu, CachingWgpuUnfused};
 
+use crate::support::child::in_child;
 use crate::support::lavapipe::cpu_device;
 
 const THREADS: usize = 4;
@@ -147,6 +156,12 @@ fn check(name: &str, rounds: &[(u64, u64)]) {
 
 #[test]
 fn threads_on_their_own_streams_soak_the_unfused_backend() {
+    if !in_child(
+        "soak_wgpu::threads_on_their_own_streams_soak_the_unfused_backend",
+        &[],
+    ) {
+        return;
+    }
     let Some((device, _turn)) = cpu_device() else {
         return;
     };
@@ -156,6 +171,12 @@ fn threads_on_their_own_streams_soak_the_unfused_backend() {
 
 #[test]
 fn threads_on_their_own_streams_soak_the_fused_backend() {
+    if !in_child(
+        "soak_wgpu::threads_on_their_own_streams_soak_the_fused_backend",
+        &[],
+    ) {
+        return;
+    }
     let Some((device, _turn)) = cpu_device() else {
         return;
     };
