@@ -46,13 +46,13 @@ impl<D: DeviceMemory> Engine<D> {
 
     /// Each stream's live count (kept whatever the settings) against a recount of
     /// the allocated and pending-free blocks of its segments, its own use per pool (which
-    /// decides what it may lend) against a recount of its allocated blocks not lent, within
-    /// its peak, only allocated blocks marked lent, and no block stamped with a free its
-    /// stream has not counted yet.
+    /// decides what it may lend) against a recount of its allocated blocks not lent, only
+    /// allocated blocks marked lent, and no block stamped with a free its stream has not
+    /// counted yet.
     fn check_stream_table(&self) -> Result<(), String> {
         for state in &self.streams.streams {
             let mut live = 0;
-            let mut own = [0u64; 2];
+            let (mut small, mut large) = (0, 0);
             for (id, block) in self.blocks.iter() {
                 let segment = self.blocks.segment(block.segment());
                 if segment.stream != state.stream {
@@ -65,7 +65,10 @@ impl<D: DeviceMemory> Engine<D> {
                     ));
                 }
                 if block.state == BlockState::ActiveAllocated && !block.lent {
-                    own[super::sharing::pool_index(segment.pool)] += block.size();
+                    match segment.pool {
+                        PoolKind::Small => small += block.size(),
+                        PoolKind::Large => large += block.size(),
+                    }
                 }
                 if block.state != BlockState::Inactive {
                     live += 1;
@@ -82,17 +85,13 @@ impl<D: DeviceMemory> Engine<D> {
                     state.stream, state.live
                 ));
             }
-            if own != state.own {
+            let counted = (state.own.small_pool.current, state.own.large_pool.current);
+            if counted != (small, large) {
                 return Err(format!(
-                    "{} counts {:?} bytes of its own in use (small, large), its segments hold \
-                     {own:?}",
-                    state.stream, state.own
-                ));
-            }
-            if (0..2).any(|k| state.own[k] > state.own_peak[k]) {
-                return Err(format!(
-                    "{} uses {:?} bytes of its own, over its peak {:?}",
-                    state.stream, state.own, state.own_peak
+                    "{} counts {counted:?} bytes of its own in use (small, large), its segments \
+                     hold {:?}",
+                    state.stream,
+                    (small, large)
                 ));
             }
         }

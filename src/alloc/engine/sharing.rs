@@ -62,6 +62,7 @@ use super::Engine;
 use crate::alloc::block::{BlockId, BlockState};
 use crate::alloc::error::AllocError;
 use crate::alloc::size::{PoolKind, SMALL_BUFFER};
+use crate::alloc::stats::StatArray;
 use crate::device::{DeviceMemory, DeviceStream};
 
 /// Candidates a search looks at per busy stream past its best fit: a busy stream's free list
@@ -81,18 +82,9 @@ pub(crate) struct StreamState<E> {
     fence: Option<(E, u64)>,
     /// The free count covered by the newest fence seen complete.
     passed: u64,
-    /// Per pool (small, large): bytes of the stream's blocks allocated by the stream itself
-    /// (not lent to another), now and at most so far.
-    pub(crate) own: [u64; 2],
-    pub(crate) own_peak: [u64; 2],
-}
-
-/// The index of `pool` in a stream's per-pool counts.
-pub(crate) fn pool_index(pool: PoolKind) -> usize {
-    match pool {
-        PoolKind::Small => 0,
-        PoolKind::Large => 1,
-    }
+    /// Bytes of the stream's blocks allocated by the stream itself (not lent to another), per
+    /// pool: now (`current`) and at most so far (`peak`, never reset).
+    pub(crate) own: StatArray,
 }
 
 /// Every stream the engine has served, in first-use order.
@@ -120,8 +112,7 @@ impl<E> StreamTable<E> {
                     frees: 0,
                     fence: None,
                     passed: 0,
-                    own: [0; 2],
-                    own_peak: [0; 2],
+                    own: StatArray::default(),
                 });
                 self.streams.len() - 1
             }
@@ -151,13 +142,8 @@ impl<D: DeviceMemory> Engine<D> {
             self.blocks[block].lent = true;
             return;
         }
-        let (k, size) = (
-            pool_index(self.blocks.pool(block)),
-            self.blocks[block].size(),
-        );
-        let state = &mut self.streams.streams[i];
-        state.own[k] += size;
-        state.own_peak[k] = state.own_peak[k].max(state.own[k]);
+        let (pool, size) = (self.blocks.pool(block), self.blocks[block].size());
+        self.streams.streams[i].own.increase(pool, size);
     }
 
     /// The free of block `block` was asked for: its bytes leave its stream's own use (a lent
@@ -166,13 +152,9 @@ impl<D: DeviceMemory> Engine<D> {
         if std::mem::take(&mut self.blocks[block].lent) {
             return;
         }
-        let (k, size) = (
-            pool_index(self.blocks.pool(block)),
-            self.blocks[block].size(),
-        );
+        let (pool, size) = (self.blocks.pool(block), self.blocks[block].size());
         let i = self.streams.index(self.blocks.stream(block));
-        let state = &mut self.streams.streams[i];
-        state.own[k] = state.own[k].saturating_sub(size);
+        self.streams.streams[i].own.decrease(pool, size);
     }
 
     /// Whether `stream` holds a segment of `pool` of the allocator's own pools.
@@ -190,13 +172,12 @@ impl<D: DeviceMemory> Engine<D> {
     /// (a thread's working set in a loop: lending it made the lender grow a segment in a
     /// later round).
     fn has_surplus(&self, i: usize, pool: PoolKind, bytes: u64, free: u64) -> bool {
-        let state = &self.streams.streams[i];
-        let k = pool_index(pool);
-        free.saturating_sub(bytes) >= state.own_peak[k].saturating_sub(state.own[k])
+        let own = self.streams.streams[i].own.pool(pool);
+        free.saturating_sub(bytes) >= own.peak - own.current
     }
 
     /// The free bytes each stream holds in `pool`'s ordinary segments (one walk of the blocks,
-    /// for every busy stream a miss looks at).
+    /// made when a miss first looks at a busy stream, for every busy stream it looks at).
     fn free_bytes_by_stream(&self, pool: PoolKind) -> HashMap<DeviceStream, u64> {
         let mut free = HashMap::new();
         for (id, segment) in self.blocks.segments() {
@@ -398,18 +379,18 @@ impl<D: DeviceMemory> Engine<D> {
         let busy_lend = self.config.cross_stream_lending
             && pool == PoolKind::Small
             && !self.holds_segment(stream, pool);
-        let free = if busy_lend {
-            self.free_bytes_by_stream(pool)
-        } else {
-            HashMap::new()
-        };
+        let mut free: Option<HashMap<DeviceStream, u64>> = None;
         let best = self.best_of_other_streams(stream, |engine, i, idle| {
             if !idle {
+                if !busy_lend {
+                    return Ok(None);
+                }
+                let free = free.get_or_insert_with(|| engine.free_bytes_by_stream(pool));
                 let held = free
                     .get(&engine.streams.streams[i].stream)
                     .copied()
                     .unwrap_or(0);
-                if !busy_lend || !engine.has_surplus(i, pool, rounded, held) {
+                if !engine.has_surplus(i, pool, rounded, held) {
                     return Ok(None);
                 }
             }
