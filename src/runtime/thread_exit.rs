@@ -24,6 +24,10 @@ use parking_lot::Mutex;
 /// The inboxes of every live server.
 static INBOXES: Mutex<Vec<Weak<ExitInbox>>> = Mutex::new(Vec::new());
 
+/// The stream ids of the watched threads still alive, with how many threads carry each (a
+/// thread that first opened a client under another thread's id carries that id as well).
+static WATCHED: Mutex<Vec<(u64, u32)>> = Mutex::new(Vec::new());
+
 /// One server's list of stream ids whose threads have exited since it last read it.
 #[derive(Debug, Default)]
 pub(crate) struct ExitInbox {
@@ -58,14 +62,42 @@ struct Watch {
     id: u64,
 }
 
+impl Watch {
+    /// The watch of the calling thread, counted among the live watched ids.
+    fn new() -> Self {
+        let id = StreamId::current().value;
+        let mut watched = WATCHED.lock();
+        match watched.iter_mut().find(|(watched, _)| *watched == id) {
+            Some((_, threads)) => *threads += 1,
+            None => watched.push((id, 1)),
+        }
+        Self { id }
+    }
+}
+
 impl Drop for Watch {
     fn drop(&mut self) {
+        {
+            let mut watched = WATCHED.lock();
+            if let Some(index) = watched.iter().position(|(id, _)| *id == self.id) {
+                watched[index].1 -= 1;
+                if watched[index].1 == 0 {
+                    watched.swap_remove(index);
+                }
+            }
+        }
         post(self.id);
     }
 }
 
 thread_local! {
-    static WATCH: Watch = Watch { id: StreamId::current().value };
+    static WATCH: Watch = Watch::new();
+}
+
+/// Whether a live thread watched under stream id `id` will report its exit: a server then
+/// waits for the report instead of taking the thread's silence for its exit.
+pub(crate) fn is_watched(id: u64) -> bool {
+    WATCHED.lock().iter().any(|(watched, _)| *watched == id)
 }
 
 /// Makes the calling thread report its exit to the servers (once per thread; a thread-local

@@ -9,10 +9,11 @@
 //!
 //! Each backend's soak runs alone in a child process (`support::child`), on a device no other
 //! test used: its question is whether threads that keep working settle on caches of their
-//! own. Beside a main thread that holds a tensor throughout (as earlier tests in this process
-//! may leave one), the fused soak grew a segment in round 3 or 5 in 2 of 6 runs, with lending
-//! from busy streams and without it alike (`cross_stream_lending:false`): an effect of its
-//! own, whose cause is not found yet; unfused it stayed level.
+//! own. On a loaded machine it once grew a segment in round 3, 4 or 5 in a quarter of its
+//! runs: a soak thread waiting at the barrier was silent long enough for a new thread (the
+//! next soak thread met) to be given its slot, and two working threads on one stream make
+//! its cache follow how they interleave. Threads that report their exit now keep their slot
+//! however long they are silent (`a_silent_thread_keeps_its_slot_while_it_is_watched_and_alive`).
 
 use std::sync::{Arc, Barrier};
 

@@ -12,17 +12,21 @@
 //! **Slot reuse** (with `cross_stream_reuse`, the default): a thread seen for the first time
 //! is given the least recently used slot whose threads have all exited (they report it:
 //! [`thread_exit`](crate::runtime::thread_exit)), else the least recently used slot that no
-//! operation of its own threads touched for [`REUSE_AFTER`] operations of the device (threads
-//! that never opened a client of ours, and so never report, are recognised by their silence),
-//! and only when there is neither CubeCL's slot of its id; it keeps that slot for its lifetime (a buffer remembers its maker's id, and the
+//! operation of its own threads touched for [`REUSE_AFTER`] operations of the device and that
+//! one of them will never report leaving (threads that never opened a client of ours are
+//! recognised by their silence; a watched thread that is silent is waiting, and keeps its
+//! slot), and only when there is neither CubeCL's slot of its id; it keeps that slot for its lifetime (a buffer remembers its maker's id, and the
 //! ordering rules find the slot by it). PyTorch's streams come from a fixed pool and threads
 //! share the current stream; here the new workers of every epoch take over the slots of the
 //! workers that are gone, with their CubeCL pools and their engine caches, so their memory
 //! serves them under the per-stream rule itself, even where a tensor the old worker made is
 //! still alive and pins its segment (burn-fusion keeps the last batch's integer tensor of each
 //! data-loader worker: without slot reuse every epoch left one 2 MiB segment per worker). A
-//! slot that only looks idle (a thread waiting on a channel) may be shared with a new thread:
-//! that is what ids beyond `max_streams` do anyway, ordered by the one driver stream. A use of
+//! slot of an unwatched thread that only looks idle (waiting on a channel) may be shared with
+//! a new thread: that is what ids beyond `max_streams` do anyway, ordered by the one driver
+//! stream. Watched threads are not given away for silence: two threads that keep working on
+//! one stream make its cache follow how they interleave (threads waiting on a barrier between
+//! rounds, on a loaded machine, then grew a segment in a later round). A use of
 //! a slot's buffer by another stream and a reading of the numbers do not count as touching it.
 //! `cross_stream_reuse:false` keeps PyTorch's rule: every thread's stream is its own.
 //!
@@ -53,7 +57,7 @@ use super::super::stream_memory::{ReclaimPolicy, StreamMemory};
 use super::ordering::SyncPoints;
 use crate::alloc::{CachingAllocator, RecordMode};
 use crate::device::DeviceStream;
-use crate::runtime::thread_exit::ExitInbox;
+use crate::runtime::thread_exit::{self, ExitInbox};
 
 /// Operations on a device between two looks for slots that no operation touched since the
 /// previous look (see the module documentation).
@@ -135,6 +139,9 @@ pub(super) struct Streams<D: Driver> {
     reuses: u64,
     /// Per slot, how many of the stream ids given it have not reported their thread's exit.
     living: HashMap<usize, u32>,
+    /// Per slot, how many of the stream ids given it belong to threads that will never report
+    /// their exit (not watched when first met): only such a slot is given away for its silence.
+    unwatched: HashMap<usize, u32>,
     /// Where exiting threads post their stream ids.
     exits: Arc<ExitInbox>,
     /// The slot the last new thread took over from earlier threads, until its free slices are
@@ -163,6 +170,7 @@ impl<D: Driver> Streams<D> {
             assigned: HashMap::new(),
             reuses: 0,
             living: HashMap::new(),
+            unwatched: HashMap::new(),
             exits: ExitInbox::subscribe(),
             taken_over: None,
             exited_unseen: VecDeque::new(),
@@ -238,10 +246,10 @@ impl<D: Driver> Streams<D> {
     }
 
     /// The slot of `id`, given on first sight: the least recently touched slot whose threads
-    /// have all exited, else the least recently touched slot that no operation touched for
-    /// [`REUSE_AFTER`] operations (a thread that is gone without a word, or one that has been
-    /// waiting; sharing a slot is correct either way, as for ids beyond `max_streams`), else
-    /// CubeCL's slot of `id`.
+    /// have all exited, else the least recently touched slot of a thread that will not report
+    /// its exit and that no operation touched for [`REUSE_AFTER`] operations (a thread that is
+    /// gone without a word, or one that has been waiting; sharing a slot is correct either
+    /// way, as for ids beyond `max_streams`), else CubeCL's slot of `id`.
     fn assign(&mut self, id: StreamId) -> usize {
         if let Some(&slot) = self.assigned.get(&id.value) {
             return slot;
@@ -258,11 +266,13 @@ impl<D: Driver> Streams<D> {
                 .filter(|(slot, _)| living.get(slot) == Some(&0))
                 .min_by_key(|(slot, stream)| (stream.touched, **slot))
                 .map(|(slot, _)| *slot);
+            let unwatched = &self.unwatched;
             vacant.or_else(|| {
                 self.streams
                     .iter()
-                    .filter(|(_, stream)| {
-                        stream.touched.saturating_add(self.reuse_after) <= operations
+                    .filter(|(slot, stream)| {
+                        unwatched.get(slot).is_some_and(|&threads| threads > 0)
+                            && stream.touched.saturating_add(self.reuse_after) <= operations
                     })
                     .min_by_key(|(slot, stream)| (stream.touched, **slot))
                     .map(|(slot, _)| *slot)
@@ -285,7 +295,12 @@ impl<D: Driver> Streams<D> {
             Some(index) => {
                 self.exited_unseen.remove(index);
             }
-            None => *living += 1,
+            None => {
+                *living += 1;
+                if !thread_exit::is_watched(id.value) {
+                    *self.unwatched.entry(slot).or_default() += 1;
+                }
+            }
         }
         if let Some(stream) = self.streams.get_mut(&slot) {
             stream.owner = Some(id.value);

@@ -1296,6 +1296,71 @@ fn a_thread_that_reported_its_exit_gives_its_slot_to_the_next_new_thread_at_once
 }
 
 #[test]
+fn a_silent_thread_keeps_its_slot_while_it_is_watched_and_alive() {
+    // Silence (`REUSE_AFTER` operations of the device without one of the slot's own) gives a
+    // slot away only when one of its threads will never report its exit. A watched thread
+    // waiting on a barrier or a channel is silent but alive: giving its slot to a new thread
+    // made two working threads share one stream, whose cache then followed how they
+    // interleaved (the runtime's soak grew a segment in a later round in 4 of 15 runs on a
+    // loaded machine; none once watched threads kept their slots).
+    use super::streams::{REUSE_AFTER, slot};
+    use crate::runtime::thread_exit::{is_watched, watch_current_thread};
+    use std::sync::mpsc;
+    let (id_tx, id_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let waiting_thread = std::thread::spawn(move || {
+        watch_current_thread();
+        id_tx.send(StreamId::current()).expect("send");
+        let _ = go_rx.recv();
+    });
+    let waiting = id_rx.recv().expect("id");
+    assert!(is_watched(waiting.value));
+    let mut h = harness(MetadataLayout::DriverBinding, 128);
+    h.server.streams.listen_to_thread_exits();
+    // Ids of threads that never opened a client (never watched), on slots of their own.
+    let fresh: Vec<StreamId> = (1_000_000..)
+        .map(stream)
+        .filter(|id| slot(*id, 128) != slot(waiting, 128))
+        .take(5)
+        .collect();
+    let (unwatched, busy) = (fresh[0], fresh[1]);
+    drop(h.buffer(4096, waiting));
+    drop(h.buffer(4096, unwatched));
+    for _ in 0..REUSE_AFTER {
+        drop(h.buffer(4096, busy));
+    }
+    assert_eq!(h.server.streams_in_use(), 3);
+    // Both slots have been silent for `REUSE_AFTER` operations: the new thread is given the
+    // unwatched thread's, never the waiting one's.
+    drop(h.buffer(4096, fresh[2]));
+    assert_eq!(h.server.streams.reuses(), 1);
+    assert_eq!(
+        h.server.streams.slot(fresh[2]),
+        h.server.streams.slot(unwatched)
+    );
+    for _ in 0..REUSE_AFTER {
+        drop(h.buffer(4096, busy));
+    }
+    drop(h.buffer(4096, fresh[3]));
+    assert_eq!(h.server.streams.reuses(), 2);
+    assert_ne!(
+        h.server.streams.slot(fresh[3]),
+        h.server.streams.slot(waiting)
+    );
+    // Once the waiting thread has exited, its slot goes to the next new thread.
+    drop(go_tx);
+    waiting_thread.join().expect("join");
+    assert!(!is_watched(waiting.value));
+    drop(h.buffer(4096, fresh[4]));
+    assert_eq!(h.server.streams.reuses(), 3);
+    assert_eq!(
+        h.server.streams.slot(fresh[4]),
+        h.server.streams.slot(waiting)
+    );
+    assert_eq!(h.server.streams_in_use(), 3);
+}
+
+#[test]
 fn without_cross_stream_reuse_each_round_of_threads_reserves_anew() {
     // The same rounds under PyTorch's per-stream rule: the new streams cannot use what the
     // old ones cached, so reserved memory grows with every round.
