@@ -214,16 +214,14 @@ pub struct AllocatorConfig {
     #[serde(default)]
     pub cross_stream_reuse: bool,
     /// With `cross_stream_reuse`, whether a miss that no wholly free segment of another
-    /// stream serves may be lent a free block of a busy stream's small pool, once that
-    /// stream's work on it is done, the block staying in its stream's segment and the
-    /// requester recorded as a use of it (`cross_stream_lending:true`), or only a block of an
-    /// idle stream (the default). A busy stream lends only to a stream with no segment
-    /// of the pool (a new thread), and only room its own use has never needed (its free bytes
+    /// stream serves may also be lent a free block of a busy stream's small pool (the
+    /// default), once that stream's work on it is done, the block staying in its stream's
+    /// segment and the requester recorded as a use of it, or only a block of an idle stream
+    /// (`cross_stream_lending:false`). A busy stream lends only to a stream with no segment of
+    /// the pool (a new thread), and only room its own use has never needed (its free bytes
     /// after the loan still cover its peak use minus its use now), so a data loader's new
-    /// workers are served by the free part of the training thread's small segment instead of
-    /// a 2 MiB segment each. Not the default: under the load of the whole test suite, threads
-    /// that keep working grew a segment in a later round of the runtime's soak test with it
-    /// (2 of 6 runs). Files written before the key existed read back without it (off).
+    /// workers are served by the free part of the training thread's small segment instead of a
+    /// 2 MiB segment each. Files written before the key existed read back without it (off).
     #[serde(default)]
     pub cross_stream_lending: bool,
     /// Whether a large request that none of its stream's cached blocks can serve, about to
@@ -310,7 +308,7 @@ impl Default for AllocatorConfig {
             segment_sizing: SegmentSizing::Grow,
             pool_borrowing: true,
             cross_stream_reuse: true,
-            cross_stream_lending: false,
+            cross_stream_lending: true,
             release_outgrown: true,
             throw_on_cudamalloc_oom: false,
             no_cuda_memory_caching: false,

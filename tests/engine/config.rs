@@ -156,15 +156,17 @@ fn segment_sizing_names_the_rule_and_old_files_read_as_pytorch() {
     assert_eq!(old.segment_sizing, SegmentSizing::Pytorch);
 }
 
-/// Our boolean rules (`pool_borrowing`, `cross_stream_reuse`, `release_outgrown`): on by
-/// default, off by their key, a bad value an error naming the key, and a configuration
-/// serialised before the key existed (in a snapshot) reads back with PyTorch's rule (off).
+/// Our boolean rules (`pool_borrowing`, `cross_stream_reuse`, `cross_stream_lending`,
+/// `release_outgrown`): on by default, off by their key, a bad value an error naming the key,
+/// and a configuration serialised before the key existed (in a snapshot) reads back with
+/// PyTorch's rule (off).
 #[test]
 fn our_rules_are_on_by_default_and_old_files_read_as_pytorch() {
     type Rule = fn(&AllocatorConfig) -> bool;
-    let rules: [(&str, &str, Rule); 3] = [
+    let rules: [(&str, &str, Rule); 4] = [
         ("pool_borrowing", "off", |c| c.pool_borrowing),
         ("cross_stream_reuse", "yes", |c| c.cross_stream_reuse),
+        ("cross_stream_lending", "maybe", |c| c.cross_stream_lending),
         ("release_outgrown", "2", |c| c.release_outgrown),
     ];
     for (key, bad, rule) in rules {
@@ -189,31 +191,6 @@ fn our_rules_are_on_by_default_and_old_files_read_as_pytorch() {
         let old: AllocatorConfig = serde_json::from_value(json).unwrap();
         assert!(!rule(&old), "{key} of an old file");
     }
-}
-
-/// `cross_stream_lending` is off unless asked for (threads that keep working beside lending
-/// busy streams grew a segment in a later round of the runtime's soak under load), parses like
-/// every boolean key, and an old file without it reads as off.
-#[test]
-fn cross_stream_lending_is_off_by_default_and_parses_as_a_boolean() {
-    assert!(!AllocatorConfig::default().cross_stream_lending);
-    for (on, value) in [
-        ("True", true),
-        ("true", true),
-        ("1", true),
-        ("False", false),
-    ] {
-        let config = AllocatorConfig::parse(&format!("cross_stream_lending:{on}")).unwrap();
-        assert_eq!(config.cross_stream_lending, value, "{on}");
-    }
-    assert!(matches!(
-        AllocatorConfig::parse("cross_stream_lending:maybe").unwrap_err(),
-        ConfigError::InvalidValue { .. }
-    ));
-    let mut json = serde_json::to_value(AllocatorConfig::default()).unwrap();
-    json.as_object_mut().unwrap().remove("cross_stream_lending");
-    let old: AllocatorConfig = serde_json::from_value(json).unwrap();
-    assert!(!old.cross_stream_lending);
 }
 
 #[test]

@@ -4,10 +4,10 @@
 //! burn-train's training and validation loops call it every epoch, and CubeCL names a stream
 //! after its thread: every epoch's batches are allocated on streams never seen before. The
 //! workers say when they exit (`runtime::thread_exit`), the new workers take over their slots
-//! (slot reuse, `src/runtime/server/streams.rs`) and with them their cache: reserved memory
-//! stays level with `cross_stream_lending:true` (busy streams lend a new stream's first batches
-//! the free part of their segments), which the tests set. Stock's numbers are printed beside
-//! ours.
+//! (slot reuse, `src/runtime/server/streams.rs`) and with them their cache, and a worker that
+//! finds no slot free is lent the free part of the training thread's small segment
+//! (`cross_stream_lending`, the default): reserved memory stays level. Stock's numbers are
+//! printed beside ours.
 //!
 //! The loop is burn-train's (`SupervisedTraining` runs the same: one training and one
 //! validation `iter()` of multi-threaded loaders per epoch), written out so that reserved
@@ -46,10 +46,6 @@ const PIXELS: usize = 28 * 28;
 const HIDDEN: usize = 64;
 /// A small-pool segment (PyTorch's `kSmallBuffer`).
 const SMALL_SEGMENT: u64 = 2 << 20;
-
-/// The configuration the loop runs under: busy streams lend to new ones
-/// (`cross_stream_lending:true`, off by default), which is what keeps it level.
-const LENDING: &str = "cross_stream_lending:true";
 
 /// One image, normalised with MNIST's usual mean and standard deviation, and its digit.
 #[derive(Clone, Debug)]
@@ -251,12 +247,11 @@ fn caching_epochs<C: AutodiffBackend<Device = WgpuDevice>>(
     caching
 }
 
-/// No epoch reserves more than the first plus two 2 MiB small-pool segments. Measured with
-/// `cross_stream_lending:true` (busy streams lend new ones room they never needed): at most one more than the
-/// first (unfused, when the first epoch fit in the main thread's segment); with idle lenders
-/// only (`cross_stream_lending:false`) later epochs took two or three more, one per extra
-/// stream slot the scheduler's interleaving needed. Before slot reuse the fused run climbed
-/// 16 MiB an epoch.
+/// No epoch reserves more than the first plus two 2 MiB small-pool segments. Measured: at most
+/// one more than the first (unfused, when the first epoch fit in the main thread's segment);
+/// with idle lenders only (`cross_stream_lending:false`) later epochs took up to three more,
+/// one per extra stream slot the scheduler's interleaving needed. Before slot reuse the fused
+/// run climbed 16 MiB an epoch.
 fn assert_bounded(name: &str, reserved: &[u64]) {
     let bound = reserved[0] + 2 * SMALL_SEGMENT;
     for (epoch, &bytes) in reserved.iter().enumerate() {
@@ -273,11 +268,10 @@ fn assert_bounded(name: &str, reserved: &[u64]) {
 
 /// Fused, against stock `Wgpu` (fused, as with Burn's default features) on the same device:
 /// reserved memory does not grow with the epochs (`assert_bounded`) and the model learns.
-/// Measured (lavapipe, debug build), with `cross_stream_lending:true`: `CachingWgpu` 4.0 MiB after every
-/// epoch (six runs); with idle lenders only (`cross_stream_lending:false`) 6.0 after epoch
-/// 1, then 8.0 or 10.0 from some epoch on (one small segment per extra stream slot); stock
-/// `Wgpu` 8.0
-/// (9.3 in some runs). Before slot reuse: 18, 34, 50, ... 162 MiB.
+/// Measured (lavapipe, debug build): `CachingWgpu` 4.0 MiB after every epoch (see the guide's
+/// benchmarks chapter for the runs); with idle lenders only (`cross_stream_lending:false`)
+/// 4.0 to 8.0 after epoch 1, then up to 10.0 (one small segment per extra stream slot);
+/// stock `Wgpu` 8.0 (9.3 in some runs). Before slot reuse: 18, 34, 50, ... 162 MiB.
 ///
 /// burn-fusion keeps each worker's last batch of targets (a 128-byte integer tensor) alive for
 /// good (`cubecl.live_slices` grows by eight an epoch): the test runs in a child process
@@ -286,10 +280,7 @@ fn assert_bounded(name: &str, reserved: &[u64]) {
 fn reserved_memory_stays_level_over_epochs_of_a_multi_threaded_loader_fused() {
     if !in_child(
         "loader_epochs_wgpu::reserved_memory_stays_level_over_epochs_of_a_multi_threaded_loader_fused",
-        &[(
-            "BURN_CACHING_ALLOC_CONF",
-            Some(std::ffi::OsStr::new(LENDING)),
-        )],
+        &[],
     ) {
         return;
     }
@@ -304,17 +295,14 @@ fn reserved_memory_stays_level_over_epochs_of_a_multi_threaded_loader_fused() {
     assert_bounded("CachingWgpu", &caching);
 }
 
-/// Unfused: the same bound. Measured with `cross_stream_lending:true`: 4.0 MiB after every epoch, or 2.0
-/// after the first and 4.0 after every later one (two and four of six runs); idle lenders only: 4.0, then
-/// 8.0 or 10.0 from some epoch on. In a child process as well, so that it starts from a device no other test used.
+/// Unfused: the same bound. Measured: 4.0 MiB after every epoch, or 2.0 after the first and 4.0
+/// after every later one; idle lenders only: 4.0 or 6.0, then up to 10.0. In a child process as
+/// well, so that it starts from a device no other test used.
 #[test]
 fn reserved_memory_stays_level_over_epochs_of_a_multi_threaded_loader_unfused() {
     if !in_child(
         "loader_epochs_wgpu::reserved_memory_stays_level_over_epochs_of_a_multi_threaded_loader_unfused",
-        &[(
-            "BURN_CACHING_ALLOC_CONF",
-            Some(std::ffi::OsStr::new(LENDING)),
-        )],
+        &[],
     ) {
         return;
     }

