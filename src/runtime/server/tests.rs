@@ -1218,24 +1218,31 @@ fn new_threads_take_the_idle_slots_of_threads_that_are_gone() {
     );
 }
 
+/// A thread that opened a client (so reports its exit) and waits until the sender is dropped:
+/// its stream id, the sender, and the thread.
+fn spawn_watched() -> (
+    StreamId,
+    std::sync::mpsc::Sender<()>,
+    std::thread::JoinHandle<()>,
+) {
+    use crate::runtime::thread_exit::watch_current_thread;
+    use std::sync::mpsc;
+    let (id_tx, id_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        watch_current_thread();
+        id_tx.send(StreamId::current()).expect("send");
+        let _ = go_rx.recv();
+    });
+    (id_rx.recv().expect("id"), go_tx, thread)
+}
+
 #[test]
 fn a_thread_that_reported_its_exit_gives_its_slot_to_the_next_new_thread_at_once() {
     // Threads that opened a client report their exit (`runtime::thread_exit`): the next new
     // thread takes the slot of a thread that has gone even when it was touched a moment ago,
     // where silence alone would take `REUSE_AFTER` operations.
     use super::streams::slot;
-    use crate::runtime::thread_exit::watch_current_thread;
-    use std::sync::mpsc;
-    let spawn_watched = || {
-        let (id_tx, id_rx) = mpsc::channel();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            watch_current_thread();
-            id_tx.send(StreamId::current()).expect("send");
-            let _ = go_rx.recv();
-        });
-        (id_rx.recv().expect("id"), go_tx, thread)
-    };
     let (gone, gone_go, gone_thread) = spawn_watched();
     let (alive, alive_go, alive_thread) = spawn_watched();
     let (queued, queued_go, queued_thread) = spawn_watched();
@@ -1304,16 +1311,8 @@ fn a_silent_thread_keeps_its_slot_while_it_is_watched_and_alive() {
     // interleaved (the runtime's soak grew a segment in a later round in 4 of 15 runs on a
     // loaded machine; none once watched threads kept their slots).
     use super::streams::{REUSE_AFTER, slot};
-    use crate::runtime::thread_exit::{is_watched, watch_current_thread};
-    use std::sync::mpsc;
-    let (id_tx, id_rx) = mpsc::channel();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let waiting_thread = std::thread::spawn(move || {
-        watch_current_thread();
-        id_tx.send(StreamId::current()).expect("send");
-        let _ = go_rx.recv();
-    });
-    let waiting = id_rx.recv().expect("id");
+    use crate::runtime::thread_exit::is_watched;
+    let (waiting, go_tx, waiting_thread) = spawn_watched();
     assert!(is_watched(waiting.value));
     let mut h = harness(MetadataLayout::DriverBinding, 128);
     h.server.streams.listen_to_thread_exits();
