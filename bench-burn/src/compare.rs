@@ -48,11 +48,12 @@ pub struct SideResult {
     pub backend: String,
     /// Reserved bytes before the first step (after the previous workload's cache was freed).
     pub baseline_reserved: u64,
-    /// Reserved bytes after every step.
+    /// Reserved bytes after every step beyond `baseline_reserved`.
     pub reserved_after_step: Vec<u64>,
     /// The highest of `reserved_after_step`: the same sampling on both sides.
     pub peak_reserved_sampled: u64,
-    /// The allocator's own peak (caching side only; CubeCL keeps none).
+    /// The allocator's own peak beyond `baseline_reserved` (caching side only; CubeCL keeps
+    /// none).
     pub exact_peak_reserved: Option<u64>,
     /// Seconds of every step (submission to loss on the host).
     pub step_seconds: Vec<f64>,
@@ -101,9 +102,12 @@ impl Side<'_> {
             .step_seconds
             .push(started.elapsed().as_secs_f64());
         self.result.losses.push(loss);
+        // What this workload reserved: memory an earlier one left that no cleanup could release
+        // (the stock side keeps a loader's gone workers' pools) is not the workload's.
+        let reserved = self.reading.reserved();
         self.result
             .reserved_after_step
-            .push(self.reading.reserved());
+            .push(reserved.saturating_sub(self.result.baseline_reserved));
         if progress {
             let step = self.result.losses.len();
             let reserved = self.result.reserved_after_step[step - 1];
@@ -194,7 +198,10 @@ where
             c.run(batch, options.progress)?;
         }
     }
-    c.result.exact_peak_reserved = c.reading.exact_peak();
+    c.result.exact_peak_reserved = c
+        .reading
+        .exact_peak()
+        .map(|peak| peak.saturating_sub(c.result.baseline_reserved));
     let results = [c, s].map(|mut side| {
         side.result.peak_reserved_sampled = side
             .result

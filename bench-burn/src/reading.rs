@@ -1,11 +1,14 @@
 //! How each side's memory is read. Both sides are sampled the same way, after every step (once
 //! the step's loss is on the host and the backend is synced): the caching side through
 //! [`backend::memory_stats`] (the engine's reserved bytes: every device buffer it holds), the
-//! stock side through CubeCL's `memory_usage().bytes_reserved` on the runtime's client (every
-//! page of CubeCL's pools). The caching side also reports its exact peak, the engine's
-//! `max_memory_reserved`, which no sampling can miss.
+//! stock side through CubeCL's `memory_usage().bytes_reserved` on the runtime's client, summed
+//! over every stream slot (every page of CubeCL's pools: each slot has pools of its own, and
+//! `memory_usage` reads only the calling thread's). The caching side also reports its exact
+//! peak, the engine's `max_memory_reserved`, which no sampling can miss.
 
 use burn_caching_alloc::backend::{self, CachingDevice};
+use cubecl_common::stream_id::StreamId;
+use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
 use cubecl_runtime::runtime::Runtime;
 
 /// Reads one backend's device memory.
@@ -59,12 +62,29 @@ impl<R: Runtime> StockReading<R> {
     }
 }
 
+/// Every stream slot a thread may have used so far: CubeCL gives each thread the next stream id
+/// at its first use and maps id `i` to slot `i % max_streams`.
+fn used_slots() -> impl Iterator<Item = StreamId> {
+    let next = std::thread::spawn(|| StreamId::current().value)
+        .join()
+        .expect("a thread that reads its stream id");
+    let max_streams = CubeClRuntimeConfig::get().streaming.max_streams as u64;
+    (0..next.min(max_streams)).map(|value| StreamId { value })
+}
+
 impl<R: Runtime> MemoryReading for StockReading<R> {
     fn reserved(&self) -> u64 {
-        R::client(&self.device)
-            .memory_usage()
-            .map(|usage| usage.bytes_reserved)
-            .unwrap_or(0)
+        let client = R::client(&self.device);
+        used_slots()
+            .map(|slot| {
+                slot.executes(|| {
+                    client
+                        .memory_usage()
+                        .map(|usage| usage.bytes_reserved)
+                        .unwrap_or(0)
+                })
+            })
+            .sum()
     }
     fn exact_peak(&self) -> Option<u64> {
         // CubeCL 0.10 keeps no peak.
@@ -72,9 +92,13 @@ impl<R: Runtime> MemoryReading for StockReading<R> {
     }
     fn release_and_reset(&self) {
         let client = R::client(&self.device);
-        // An explicit cleanup frees every free page of every pool.
-        client.memory_cleanup();
-        // A blocking round trip: the cleanup has run.
-        let _ = client.memory_usage();
+        for slot in used_slots() {
+            slot.executes(|| {
+                // An explicit cleanup frees every free page of the slot's pools.
+                client.memory_cleanup();
+                // A blocking round trip: the cleanup has run.
+                let _ = client.memory_usage();
+            });
+        }
     }
 }

@@ -33,6 +33,7 @@ use flate2::read::GzDecoder;
 
 use crate::support::child::in_child;
 use crate::support::lavapipe::cpu_device;
+use crate::support::stock::stock_reserved;
 
 const EPOCHS: usize = 10;
 const WORKERS: usize = 4;
@@ -219,15 +220,6 @@ fn caching_reserved(device: &WgpuDevice) -> u64 {
     stats.memory_reserved()
 }
 
-/// Stock CubeCL's reserved bytes, as the side-by-side benchmark reads them
-/// (`bench-burn/src/reading.rs`).
-fn stock_reserved(device: &WgpuDevice) -> u64 {
-    WgpuRuntime::client(device)
-        .memory_usage()
-        .map(|usage| usage.bytes_reserved)
-        .unwrap_or(0)
-}
-
 /// Runs the loop on the caching backend `C` on the CPU device and returns its reserved bytes
 /// after each epoch (printed); with `BURN_CACHING_ALLOC_TRACE=path.json.gz` set, its trace is
 /// written there.
@@ -271,7 +263,8 @@ fn assert_bounded(name: &str, reserved: &[u64]) {
 /// Measured (lavapipe, debug build): `CachingWgpu` 4.0 MiB after every epoch (see the guide's
 /// benchmarks chapter for the runs); with idle lenders only (`cross_stream_lending:false`)
 /// 4.0 to 8.0 after epoch 1, then up to 10.0 (one small segment per extra stream slot);
-/// stock `Wgpu` 8.0 (9.3 in some runs). Before slot reuse: 18, 34, 50, ... 162 MiB.
+/// stock `Wgpu` (every stream slot read, `support::stock`) 72, 136, 200, ... 640: each epoch's
+/// workers take new slots with pools of their own. Before slot reuse: 18, 34, 50, ... 162 MiB.
 ///
 /// burn-fusion keeps each worker's last batch of targets (a 128-byte integer tensor) alive for
 /// good (`cubecl.live_slices` grows by eight an epoch): the test runs in a child process
@@ -289,7 +282,7 @@ fn reserved_memory_stays_level_over_epochs_of_a_multi_threaded_loader_fused() {
     };
     let caching = caching_epochs::<Autodiff<CachingWgpu>>(&device, "CachingWgpu");
     let (stock, first, last) =
-        epochs::<Autodiff<burn::backend::Wgpu>>(&device, || stock_reserved(&device));
+        epochs::<Autodiff<burn::backend::Wgpu>>(&device, || stock_reserved::<WgpuRuntime>(&device));
     print("stock Wgpu", &stock, first, last);
     WgpuRuntime::client(&device).memory_cleanup();
     assert_bounded("CachingWgpu", &caching);

@@ -9,3 +9,5 @@ pub mod ci;
 pub mod lavapipe;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod mlp_check;
+#[cfg(feature = "wgpu")]
+pub mod stock;

@@ -43,11 +43,14 @@ struct Args {
     /// Workloads to run (comma-separated): transformer-varlen, conv, lstm, mnist-mlp,
     /// mnist-loader (a step is an epoch fed by four new loader threads), `varlen`
     /// (the variable-length family), or one transformer of any size,
-    /// `varlen-d<width>-b<batch>-l<min>-<max>[-h<heads>][-f<ff>][-s<steps>]`.
+    /// `varlen-d<width>-b<batch>-l<min>-<max>[-h<heads>][-f<ff>][-s<steps>]`. Run
+    /// mnist-loader last: the stock side keeps memory in its gone workers' stream pools that
+    /// the cleanup between workloads does not release, and every workload after it would read
+    /// that memory as its own.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "transformer-varlen,conv,lstm,mnist-mlp,mnist-loader,varlen"
+        default_value = "transformer-varlen,conv,lstm,mnist-mlp,varlen,mnist-loader"
     )]
     models: Vec<String>,
     /// Fused, unfused or both.
