@@ -262,7 +262,7 @@ fn assert_bounded(name: &str, reserved: &[u64]) {
 /// reserved memory does not grow with the epochs (`assert_bounded`) and the model learns.
 /// Measured (lavapipe, debug build): `CachingWgpu` 4.0 MiB after every epoch (see the guide's
 /// benchmarks chapter for the runs); with idle lenders only (`cross_stream_lending:false`)
-/// 4.0 to 8.0 after epoch 1, then up to 10.0 (one small segment per extra stream slot);
+/// 4.0 to 10.0 after epoch 1, then up to 10.0 (one small segment per extra stream slot);
 /// stock `Wgpu` (every stream slot read, `support::stock`) 72, 136, 200, ... 640: each epoch's
 /// workers take new slots with pools of their own. Before slot reuse: 18, 34, 50, ... 162 MiB.
 ///

@@ -7,13 +7,18 @@
 //! CubeCL gives new stream ids, whose blocks are cached per stream (issue 38 follows that).
 //! The numbers of each round are printed (`--nocapture`).
 //!
-//! Each backend's soak runs alone in a child process (`support::child`), on a device no other
-//! test used: its question is whether threads that keep working settle on caches of their
-//! own. On a loaded machine it once grew a segment in round 3, 4 or 5 in a quarter of its
-//! runs: a soak thread waiting at the barrier was silent long enough for a new thread (the
-//! next soak thread met) to be given its slot, and two working threads on one stream make
-//! its cache follow how they interleave. Threads that report their exit now keep their slot
-//! however long they are silent (`a_silent_thread_keeps_its_slot_while_it_is_watched_and_alive`).
+//! Each soak runs alone in a child process (`support::child`), on a device no other test
+//! used: its question is whether threads that keep working settle on caches of their own.
+//! With idle lenders only (`cross_stream_lending:false`) each thread's cache settles on its own
+//! work and reserved memory is flat from round 2. With the defaults, busy streams lend a stream
+//! that holds no segment of the pool (a new thread's first memory); a thread that lived on such
+//! loans takes a segment of its own when a loan is first refused, which the interleaving may
+//! put in a later round: at most one small segment per thread after round 2 (seen in one of
+//! three runs of the whole suite: 44, 48, 50 MiB unfused). On a loaded machine the soak once
+//! grew in a quarter of its runs whatever the setting: a soak thread waiting at the barrier was
+//! silent long enough for a new thread to be given its slot. Threads that report their exit
+//! now keep their slot however long they are silent
+//! (`a_silent_thread_keeps_its_slot_while_it_is_watched_and_alive`).
 
 use std::sync::{Arc, Barrier};
 
@@ -120,7 +125,21 @@ fn soak<B: Backend<Device = burn::backend::wgpu::WgpuDevice>>(
     rounds
 }
 
-fn check(name: &str, rounds: &[(u64, u64)]) {
+/// A small-pool segment (PyTorch's `kSmallBuffer`).
+const SMALL_SEGMENT: u64 = 2 << 20;
+
+/// How much reserved memory may still grow after the second round: nothing with idle lenders
+/// only (`cross_stream_lending:false`), where each thread's cache settles on its own work; with
+/// busy streams lending (the default), one small segment per thread, the one a thread that
+/// lived on loans takes when a loan is first refused, which the interleaving may put in a
+/// later round.
+#[derive(Clone, Copy)]
+enum Settling {
+    Flat,
+    OneSegmentPerThread,
+}
+
+fn check(name: &str, rounds: &[(u64, u64)], settling: Settling) {
     let (first_allocated, first_reserved) = rounds[0];
     for (r, &(allocated, _)) in rounds.iter().enumerate() {
         assert_eq!(
@@ -130,16 +149,21 @@ fn check(name: &str, rounds: &[(u64, u64)]) {
             r + 1
         );
     }
-    // Reserved memory is flat from the second round on. The first two rounds may differ: the
-    // threads run at once, and an interleaving that needs more at the same time than the first
-    // round's did reserves one more segment once (seen: 46 then 52 MiB unfused).
+    // The first two rounds may differ: the threads run at once, and an interleaving that needs
+    // more at the same time than the first round's did reserves one more segment once (seen:
+    // 46 then 52 MiB unfused).
     let settled = rounds[1].1;
-    for (r, &(_, reserved)) in rounds.iter().enumerate().skip(1) {
-        assert_eq!(
-            reserved,
-            settled,
-            "{name}: reserved memory grew in round {}: {rounds:?}",
-            r + 1
+    let slack = match settling {
+        Settling::Flat => 0,
+        Settling::OneSegmentPerThread => THREADS as u64 * SMALL_SEGMENT,
+    };
+    for (r, pair) in rounds.windows(2).enumerate().skip(1) {
+        let (before, after) = (pair[0].1, pair[1].1);
+        assert!(
+            after >= before && after <= settled + slack,
+            "{name}: reserved memory after round {} is {after}, after round 2 {settled} (at \
+             most {slack} more allowed, never less than the round before): {rounds:?}",
+            r + 2
         );
     }
     assert!(
@@ -154,32 +178,67 @@ fn check(name: &str, rounds: &[(u64, u64)]) {
     );
 }
 
-#[test]
-fn threads_on_their_own_streams_soak_the_unfused_backend() {
+/// Idle lenders only: reserved memory is flat from the second round on.
+const IDLE_LENDERS: &str = "cross_stream_lending:false";
+
+/// Runs the soak on backend `B` in a child process started for `test` with
+/// `BURN_CACHING_ALLOC_CONF=conf` (`None`: the defaults), and checks it settles as `settling`
+/// says.
+fn soak_in_child<B: Backend<Device = burn::backend::wgpu::WgpuDevice>>(
+    test: &str,
+    name: &str,
+    conf: Option<&str>,
+    settling: Settling,
+) {
     if !in_child(
-        "soak_wgpu::threads_on_their_own_streams_soak_the_unfused_backend",
-        &[],
+        &format!("soak_wgpu::{test}"),
+        &[("BURN_CACHING_ALLOC_CONF", conf.map(std::ffi::OsStr::new))],
     ) {
         return;
     }
     let Some((device, _turn)) = cpu_device() else {
         return;
     };
-    let rounds = soak::<CachingWgpuUnfused>(&device, "unfused");
-    check("unfused", &rounds);
+    let rounds = soak::<B>(&device, name);
+    check(name, &rounds, settling);
+}
+
+#[test]
+fn threads_on_their_own_streams_soak_the_unfused_backend() {
+    soak_in_child::<CachingWgpuUnfused>(
+        "threads_on_their_own_streams_soak_the_unfused_backend",
+        "unfused",
+        None,
+        Settling::OneSegmentPerThread,
+    );
 }
 
 #[test]
 fn threads_on_their_own_streams_soak_the_fused_backend() {
-    if !in_child(
-        "soak_wgpu::threads_on_their_own_streams_soak_the_fused_backend",
-        &[],
-    ) {
-        return;
-    }
-    let Some((device, _turn)) = cpu_device() else {
-        return;
-    };
-    let rounds = soak::<CachingWgpu>(&device, "fused");
-    check("fused", &rounds);
+    soak_in_child::<CachingWgpu>(
+        "threads_on_their_own_streams_soak_the_fused_backend",
+        "fused",
+        None,
+        Settling::OneSegmentPerThread,
+    );
+}
+
+#[test]
+fn with_idle_lenders_only_the_unfused_soak_is_flat_from_round_two() {
+    soak_in_child::<CachingWgpuUnfused>(
+        "with_idle_lenders_only_the_unfused_soak_is_flat_from_round_two",
+        "unfused, idle lenders only",
+        Some(IDLE_LENDERS),
+        Settling::Flat,
+    );
+}
+
+#[test]
+fn with_idle_lenders_only_the_fused_soak_is_flat_from_round_two() {
+    soak_in_child::<CachingWgpu>(
+        "with_idle_lenders_only_the_fused_soak_is_flat_from_round_two",
+        "fused, idle lenders only",
+        Some(IDLE_LENDERS),
+        Settling::Flat,
+    );
 }

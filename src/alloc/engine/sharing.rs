@@ -45,11 +45,13 @@
 //! segment of its own, and a loader's reserved memory stays level instead of following how
 //! many workers the scheduler ran at once. Between threads that keep working, each thread's
 //! cache still comes to cover its own work: once it has a segment of the pool, its misses
-//! grow it, as under PyTorch's rule, so a steady loop settles after its first rounds
-//! (lending busy threads' working sets to each other made the runtime's soak test grow a
-//! segment in a later round in half of its runs; with these three limits it stays level).
-//! Large blocks of busy streams are never lent. `cross_stream_lending:false` lends only from
-//! idle streams.
+//! grow it, as under PyTorch's rule, so a steady loop settles after its first rounds: a
+//! thread that lived on loans takes its one small segment when a loan is first refused, which
+//! the interleaving may put in a later round (the runtime's soak bounds it: one small segment
+//! per thread after round 2; lending busy threads' working sets to each other without the
+//! limits grew segments round after round). Large blocks of busy streams are never lent.
+//! `cross_stream_lending:false` lends only from idle streams, and a steady loop is then flat
+//! from its second round.
 //!
 //! Statistics: a moved segment stays in its pool (no statistic changes but
 //! `num_stream_shares`, which counts the moves); it costs no device call. A lent block is an
