@@ -63,17 +63,17 @@ fn a_scope_counts_its_live_blocks_after_each_step_and_the_innermost_scope_wins()
 #[test]
 fn a_free_waiting_on_another_stream_leaves_the_scope_at_once_like_allocated_bytes() {
     let (alloc, device) = allocator(64 * MIB, "");
-    let shared =
-        Tag::serving(Some(Tag::new("shared")), || alloc.malloc(5 * MIB, S0)).expect("fits");
-    alloc.record_stream(&shared, S1).expect("live");
-    alloc.free(shared).expect("live");
+    let pending =
+        Tag::serving(Some(Tag::new("pending")), || alloc.malloc(5 * MIB, S0)).expect("fits");
+    alloc.record_stream(&pending, S1).expect("live");
+    alloc.free(pending).expect("live");
     // Pending on stream 1: still active, no longer allocated, and no longer the scope's.
-    assert_eq!(scope(&alloc, "shared"), (0, 5 * MIB));
+    assert_eq!(scope(&alloc, "pending"), (0, 5 * MIB));
     assert_eq!(alloc.stats().active_bytes.all.current, 5 * MIB);
     device.complete_events(S1);
     let again = alloc.malloc(5 * MIB, S0).expect("fits");
     assert_eq!(
-        scope(&alloc, "shared"),
+        scope(&alloc, "pending"),
         (0, 5 * MIB),
         "the reuse is not the scope's"
     );

@@ -112,7 +112,6 @@ fn reserved_per_round<B: Backend<Device = WgpuDevice>>(device: &WgpuDevice) -> V
 /// another stream's segments of the other pool could be borrowed: 20, 26, 32, 32 fused and
 /// 20, 30, 30, 34 unfused; before issue 38, 44, 88, 136, 204.
 fn assert_flat(name: &str, reserved: &[u64]) {
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
     print_rounds(name, reserved);
     let first = reserved[0] as f64;
     for (round, &bytes) in reserved.iter().enumerate().skip(1) {
@@ -127,11 +126,12 @@ fn assert_flat(name: &str, reserved: &[u64]) {
     }
 }
 
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
 fn print_rounds(name: &str, reserved: &[u64]) {
-    let rounds: Vec<String> = reserved
-        .iter()
-        .map(|&b| format!("{:.1}", b as f64 / (1 << 20) as f64))
-        .collect();
+    let rounds: Vec<String> = reserved.iter().map(|&b| format!("{:.1}", mib(b))).collect();
     println!(
         "{name}: reserved after each round (MiB): {}",
         rounds.join(", ")
