@@ -43,42 +43,18 @@
 //!
 //! # The engine on its own
 //!
-//! The engine ([`alloc`]) knows devices only through [`device::DeviceMemory`]; on the
-//! simulated device ([`device::sim::SimDevice`]) it runs anywhere, which is how its rules are
-//! tested. PyTorch's layout, step by step:
+//! The engine is its own crate, `caching-alloc-engine`, re-exported here as [`alloc`] and
+//! [`device`]: it knows devices only through [`device::DeviceMemory`], and on the simulated
+//! device ([`device::sim::SimDevice`]) it runs anywhere, which is how its rules are tested:
 //!
 //! ```
-//! use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, PoolKind};
+//! use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
 //! use burn_caching_alloc::device::{DeviceStream, sim::SimDevice};
 //!
-//! // PyTorch's rules exactly (our defaults differ in two places; see `AllocatorConfig`).
-//! let config = AllocatorConfig::parse("segment_sizing:pytorch,pool_borrowing:false")?;
-//! let alloc = CachingAllocator::new(SimDevice::new(8 << 30), config)?;
-//! let stream = DeviceStream::default();
-//!
-//! // 1000 B rounds up to 1024 B: a small-pool block of a new 2 MiB segment.
-//! let small = alloc.malloc(1000, stream)?;
-//! assert_eq!(small.size(), 1024);
-//! // A 3 MiB request is under 10 MiB: a 20 MiB large-pool segment, split after the block.
-//! let mid = alloc.malloc(3 << 20, stream)?;
-//! let stats = alloc.stats();
-//! assert_eq!(stats.memory_allocated(), 1024 + (3 << 20));
-//! assert_eq!(stats.memory_reserved(), (2 << 20) + (20 << 20));
-//! assert_eq!(stats.segment.pool(PoolKind::Large).current, 1);
-//! assert_eq!(stats.inactive_split.pool(PoolKind::Large).current, 1); // the 17 MiB remainder
-//!
-//! // Freed blocks stay cached: a second 3 MiB request reuses the first one's block.
-//! let address = mid.address();
-//! alloc.free(mid)?;
-//! let again = alloc.malloc(3 << 20, stream)?;
-//! assert_eq!(again.address(), address);
-//! assert_eq!(alloc.stats().num_device_alloc, 2);
-//!
-//! // empty_cache returns every segment without a live block.
-//! alloc.free(again)?;
-//! alloc.empty_cache()?;
-//! assert_eq!(alloc.stats().memory_reserved(), 2 << 20); // `small` still lives
-//! alloc.free(small)?;
+//! let alloc = CachingAllocator::new(SimDevice::new(8 << 30), AllocatorConfig::default())?;
+//! let block = alloc.malloc(4 << 20, DeviceStream::default())?;
+//! assert_eq!(alloc.stats().memory_allocated(), 4 << 20);
+//! alloc.free(block)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -111,12 +87,11 @@
 #![warn(unnameable_types)]
 #![warn(missing_docs)]
 
-pub mod alloc;
+pub use caching_alloc_engine::{alloc, device};
 #[cfg(feature = "runtime")]
 pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod device;
 pub mod runtime;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;

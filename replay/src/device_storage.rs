@@ -108,7 +108,7 @@ impl<D: DeviceMemory> ComputeStorage for DeviceStorage<D> {
                 ))
             }
             Err(err) => {
-                let io = IoError::from(err.clone());
+                let io = burn_caching_alloc::runtime::device_io_error(err.clone());
                 self.last_error = Some(err);
                 Err(io)
             }

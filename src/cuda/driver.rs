@@ -195,6 +195,7 @@ fn kernel_params(arguments: &mut [sys::CUdeviceptr], info: &[u64]) -> Vec<*mut c
 }
 
 impl Driver for CudaDriver {
+    const NAME: &'static str = "cuda";
     type Memory = CudaMemory;
     type Compiler = CudaCppCompiler;
     type Info = ();

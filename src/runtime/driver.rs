@@ -131,6 +131,9 @@ pub struct Launch<'a, D: Driver> {
 
 /// One device API (wgpu, CUDA) as the caching server needs it.
 pub trait Driver: Send + Sized + 'static {
+    /// The API's name in the engine's process-wide registry (`"cuda"`, `"wgpu"`): a user reads
+    /// the engine of device `n` there as `DeviceKey::new(NAME, n)`.
+    const NAME: &'static str;
     /// The engine's device memory for this API: segments are this API's buffers.
     type Memory: DeviceMemory;
     /// The CubeCL compiler producing this API's kernels.

@@ -73,5 +73,7 @@ pub use error::DriverError;
 pub use pinned_host::{CallTime, PinnedHostPool, PinnedHostStats};
 #[cfg(feature = "runtime")]
 pub use server::{CachingServer, CallerStackPolicy, CubeclLayerUsage};
-pub use storage::{EngineResource, EngineStorage, Growth, PersistentManager, persistent_manager};
+pub use storage::{
+    EngineResource, EngineStorage, Growth, PersistentManager, device_io_error, persistent_manager,
+};
 pub use stream_memory::{ReclaimCounters, ReclaimPolicy, ReserveError, StreamMemory};

@@ -41,7 +41,7 @@ mod tests {
 
     #[test]
     fn routes_nest_per_allocator_and_stay_on_their_stream() {
-        let (a, b) = (MemPoolId(1), MemPoolId(2));
+        let (a, b) = (MemPoolId::from_number(1), MemPoolId::from_number(2));
         let here = StreamId::current();
         assert_eq!(current(7, here), None);
         let outer = PoolRoute::enter(7, a);

@@ -263,6 +263,7 @@ impl WgpuDriver {
 }
 
 impl Driver for WgpuDriver {
+    const NAME: &'static str = "wgpu";
     type Memory = WgpuMemory;
     type Compiler = WgslCompiler;
     type Info = wgpu::Backend;

@@ -198,8 +198,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     /// The number that tells this allocator from every other of the process.
-    #[cfg(feature = "runtime")]
-    pub(crate) fn allocator_id(&self) -> u64 {
+    pub fn allocator_id(&self) -> u64 {
         self.id
     }
 
@@ -235,8 +234,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     /// [`malloc_with`](Self::malloc_with) for private pool `mem` (`None`: the allocator's own
-    /// pools): what the runtime calls for a request routed to a pool.
-    pub(crate) fn malloc_in_with(
+    /// pools), with the miss path `growth`: what an integration with caches of its own above
+    /// the engine calls (`Ok(None)` where `growth` stops before a step).
+    pub fn malloc_in_with(
         &self,
         mem: Option<MemPoolId>,
         size: u64,
@@ -584,9 +584,10 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             .store(context_level(&options), Ordering::Relaxed);
     }
 
-    /// Holds the engine's lock until the guard drops: tests check that a path takes no lock.
-    #[cfg(all(test, feature = "runtime"))]
-    pub(crate) fn hold_engine_lock(&self) -> impl Sized + '_ {
+    /// Holds the engine's lock until the guard drops: an integration's tests check that a path
+    /// takes no lock with it. Not for production use.
+    #[doc(hidden)]
+    pub fn hold_engine_lock(&self) -> impl Sized + '_ {
         self.engine.lock()
     }
 
@@ -604,8 +605,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     /// Sets the device ordinal snapshots name (0 until set; the runtimes set their device's).
-    #[cfg(feature = "runtime")]
-    pub(crate) fn set_device_index(&self, index: u16) {
+    pub fn set_device_index(&self, index: u16) {
         self.device_index.store(index, Ordering::Relaxed);
     }
 

@@ -19,6 +19,13 @@ impl MemPoolId {
     pub fn get(self) -> u64 {
         self.0
     }
+
+    /// The id of pool `number` (as [`get`](Self::get) gives it), for a layer that keeps pool
+    /// ids as numbers. An id no pool of the allocator has is refused by every call that takes
+    /// one (`AllocError::UnknownPool`).
+    pub const fn from_number(number: u64) -> Self {
+        Self(number)
+    }
 }
 
 impl std::fmt::Display for MemPoolId {

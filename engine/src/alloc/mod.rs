@@ -2,8 +2,8 @@
 //! snapshots and traces. Pure Rust: it knows devices only through [`DeviceMemory`].
 //!
 //! ```
-//! use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
-//! use burn_caching_alloc::device::{DeviceStream, sim::SimDevice};
+//! use caching_alloc_engine::alloc::{AllocatorConfig, CachingAllocator};
+//! use caching_alloc_engine::device::{DeviceStream, sim::SimDevice};
 //!
 //! let config = AllocatorConfig::parse("max_split_size_mb:128,garbage_collection_threshold:0.8")?;
 //! let alloc = CachingAllocator::new(SimDevice::new(16 << 30), config)?;
@@ -43,7 +43,7 @@ mod size;
 mod stack;
 mod stats;
 mod summary;
-pub(crate) mod units;
+pub mod units;
 
 pub use allocator::{Allocation, CachingAllocator};
 pub use block::BlockState;
@@ -51,7 +51,7 @@ pub use config::{
     AllocatorConfig, CONFIG_ENV, ConfigError, MAX_HISTORY_CAPACITY, PinnedHostConfig,
     RoundupDivisions,
 };
-pub(crate) use engine::MissPath;
+pub use engine::MissPath;
 pub use error::{AllocError, InvariantViolation, OomAdvice, OomDiagnosis};
 pub use history::inspect;
 pub use history::{
@@ -65,14 +65,11 @@ pub use report::{
     CacheState, HeldGroup, MemoryPoint, MemoryReport, OversizedRequest, ScopeChange, Verdict,
     segment_rules,
 };
-#[cfg(feature = "runtime")]
-pub(crate) use scope::{ActiveCount, count_active};
+pub use scope::{ActiveCount, count_active};
 pub use scope::{ScopeGuard, Tag};
 pub use size::{PoolKind, SegmentSizing, round_size, segment_size};
 pub use stack::{Frame, Stack, StackResolver};
-#[cfg(feature = "runtime")]
-pub(crate) use stats::signed;
+pub use stats::signed;
 pub use stats::{MemoryStats, Stat, StatArray};
-#[cfg(feature = "runtime")]
-pub(crate) use summary::Summary;
+pub use summary::Summary;
 pub use units::format_bytes;

@@ -135,18 +135,15 @@ impl Drop for ScopeGuard {
 
 /// Counts a scope another layer keeps (the runtime's scopes per CubeCL stream) as active, so
 /// that [`Tag::any_active`] stays the one check; the count drops with the returned value.
-#[cfg(feature = "runtime")]
-pub(crate) fn count_active() -> ActiveCount {
+pub fn count_active() -> ActiveCount {
     ACTIVE.fetch_add(1, Ordering::Relaxed);
     ActiveCount(())
 }
 
 /// One scope counted by [`count_active`].
-#[cfg(feature = "runtime")]
 #[derive(Debug)]
-pub(crate) struct ActiveCount(());
+pub struct ActiveCount(());
 
-#[cfg(feature = "runtime")]
 impl Drop for ActiveCount {
     fn drop(&mut self) {
         ACTIVE.fetch_sub(1, Ordering::Relaxed);

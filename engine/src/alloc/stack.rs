@@ -47,15 +47,13 @@ impl Stack {
     }
 
     /// The return addresses, innermost first.
-    #[cfg(feature = "runtime")]
-    pub(crate) fn addresses(&self) -> &[usize] {
+    pub fn addresses(&self) -> &[usize] {
         &self.0
     }
 
     /// The demangled names of the functions at `address`, inlined ones first (empty when the
     /// binary has no symbols for it).
-    #[cfg(feature = "runtime")]
-    pub(crate) fn names_at(address: usize) -> Vec<String> {
+    pub fn names_at(address: usize) -> Vec<String> {
         let mut names = Vec::new();
         backtrace::resolve(address as *mut std::ffi::c_void, |symbol| {
             if let Some(name) = symbol.name() {
@@ -112,13 +110,33 @@ thread_local! {
     static SERVED: RefCell<Option<Stack>> = const { RefCell::new(None) };
 }
 
+/// Path prefixes of functions an integration puts between its caller and the engine (its
+/// layout policy, its storage hook), added with [`Stack::skip_frames_of`].
+static INTEGRATION_FRAMES: parking_lot::RwLock<Vec<&'static str>> =
+    parking_lot::RwLock::new(Vec::new());
+
+impl Stack {
+    /// Marks functions whose path starts with `prefix` as entry points of an integration (like
+    /// the allocator's own `malloc`): a resolved stack starts at its caller, below the last
+    /// such frame. Called once per prefix; a prefix given twice is kept once.
+    pub fn skip_frames_of(prefix: &'static str) {
+        let mut prefixes = INTEGRATION_FRAMES.write();
+        if !prefixes.contains(&prefix) {
+            prefixes.push(prefix);
+        }
+    }
+}
+
 /// Whether `frame` is one of the allocator's public entry points (`malloc`, `free`, ...),
-/// or the runtime's layout policy that captures a Burn caller's stack, which sit between the
-/// caller and the capture.
+/// or one an integration marked with [`Stack::skip_frames_of`], which sit between the caller
+/// and the capture.
 fn is_allocator_frame(frame: &Frame) -> bool {
     let name = frame.name.trim_start_matches('<');
-    name.starts_with("burn_caching_alloc::alloc::allocator::")
-        || name.starts_with("burn_caching_alloc::runtime::server::caller_stack::")
+    name.starts_with("caching_alloc_engine::alloc::allocator::")
+        || INTEGRATION_FRAMES
+            .read()
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
 }
 
 /// Resolves [`Stack`]s into [`Frame`]s, each address once.

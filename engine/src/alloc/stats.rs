@@ -25,21 +25,21 @@ pub struct Stat {
 
 impl Stat {
     /// Adds `amount` to the current value, raising the peak if needed.
-    pub(crate) fn increase(&mut self, amount: u64) {
+    pub fn increase(&mut self, amount: u64) {
         self.current += amount;
         self.peak = self.peak.max(self.current);
         self.allocated += amount;
     }
 
     /// Subtracts `amount` from the current value.
-    pub(crate) fn decrease(&mut self, amount: u64) {
+    pub fn decrease(&mut self, amount: u64) {
         debug_assert!(self.current >= amount, "statistic would go negative");
         self.current = self.current.saturating_sub(amount);
         self.freed += amount;
     }
 
     /// Applies a signed change as an increase or a decrease.
-    pub(crate) fn change(&mut self, delta: i64) {
+    pub fn change(&mut self, delta: i64) {
         if delta >= 0 {
             self.increase(delta as u64);
         } else {
@@ -47,16 +47,20 @@ impl Stat {
         }
     }
 
-    pub(crate) fn reset_peak(&mut self) {
+    /// Sets the peak to the current value (`reset_peak_memory_stats`).
+    pub fn reset_peak(&mut self) {
         self.peak = self.current;
     }
 
-    pub(crate) fn reset_accumulated(&mut self) {
+    /// Zeroes the cumulative counts (`reset_accumulated_memory_stats`).
+    pub fn reset_accumulated(&mut self) {
         self.allocated = 0;
         self.freed = 0;
     }
 
-    pub(crate) fn insert_into(&self, map: &mut BTreeMap<String, i64>, prefix: &str) {
+    /// Writes the four values under `prefix` (`prefix.current`, `.peak`, `.allocated`,
+    /// `.freed`), as PyTorch's `memory_stats()` keys.
+    pub fn insert_into(&self, map: &mut BTreeMap<String, i64>, prefix: &str) {
         map.insert(format!("{prefix}.current"), signed(self.current));
         map.insert(format!("{prefix}.peak"), signed(self.peak));
         map.insert(format!("{prefix}.allocated"), signed(self.allocated));
@@ -345,6 +349,6 @@ pub(crate) const COUNTERS: [Counter; 9] = [
 ];
 
 /// A count or byte amount as PyTorch's int64 (amounts never come near `i64::MAX`).
-pub(crate) fn signed(value: u64) -> i64 {
+pub fn signed(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }

@@ -10,7 +10,7 @@ use super::units::format_bytes;
 const WIDTH: usize = 84;
 
 /// The statistics as a table of current, peak, total allocated and total freed values.
-pub(crate) struct Summary<'a>(pub &'a MemoryStats);
+pub struct Summary<'a>(pub &'a MemoryStats);
 
 fn rule(f: &mut fmt::Formatter<'_>, c: char) -> fmt::Result {
     let line: String = std::iter::repeat_n(c, WIDTH - 2).collect();

@@ -1,9 +1,9 @@
 //! Byte units and how sizes are printed.
 
 /// One kibibyte.
-pub(crate) const KIB: u64 = 1024;
+pub const KIB: u64 = 1024;
 /// One mebibyte.
-pub(crate) const MIB: u64 = 1024 * KIB;
+pub const MIB: u64 = 1024 * KIB;
 
 /// Bytes as a person reads them: "1.50 MiB", as the summary and the out-of-memory message
 /// print them (public so that a log line can match them).

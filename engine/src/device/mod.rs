@@ -1,6 +1,6 @@
 //! Raw device memory: the one trait the engine allocates segments through, and its
-//! implementations that need no GPU (a simulated device; the CUDA and wgpu ones live in
-//! `crate::cuda` and `crate::wgpu`), plus
+//! implementations that need no GPU (a simulated device; the CUDA and wgpu ones live with the
+//! integrations that drive those devices), plus
 //! [`metered::Metered`], which counts the segments of any of them.
 
 pub mod metered;

@@ -5,8 +5,8 @@
 
 use std::sync::{Mutex, Once};
 
-use burn_caching_alloc::alloc::{AllocError, AllocatorConfig, CachingAllocator, ConfigError};
-use burn_caching_alloc::device::sim::{SimCall, SimDevice};
+use caching_alloc_engine::alloc::{AllocError, AllocatorConfig, CachingAllocator, ConfigError};
+use caching_alloc_engine::device::sim::{SimCall, SimDevice};
 
 use crate::common::*;
 

@@ -4,8 +4,8 @@
 //! request's own pool only (`get_free_block` on `get_pool(size, stream)`), then calls
 //! `alloc_block`.
 
-use burn_caching_alloc::alloc::{CachingAllocator, PoolKind};
-use burn_caching_alloc::device::sim::SimDevice;
+use caching_alloc_engine::alloc::{CachingAllocator, PoolKind};
+use caching_alloc_engine::device::sim::SimDevice;
 
 use crate::common::{A, F, KIB, MIB, S0, S1, allocator, check_invariants, layout};
 

@@ -1,15 +1,15 @@
 //! Helpers shared by the engine tests: a small allocator over a simulated device, layouts,
 //! and the invariant check the property test runs after every step.
 
-use burn_caching_alloc::alloc::{
+use caching_alloc_engine::alloc::{
     AllocatorConfig, BlockState, CachingAllocator, MemoryStats, PoolKind, Snapshot, Stat, StatArray,
 };
 /// 1024 bytes.
 pub const KIB: u64 = 1024;
 /// 1024 KiB.
 pub const MIB: u64 = 1024 * KIB;
-pub use burn_caching_alloc::device::DeviceStream;
-use burn_caching_alloc::device::sim::SimDevice;
+pub use caching_alloc_engine::device::DeviceStream;
+use caching_alloc_engine::device::sim::SimDevice;
 
 pub const S0: DeviceStream = DeviceStream(0);
 pub const S1: DeviceStream = DeviceStream(1);

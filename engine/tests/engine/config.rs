@@ -1,7 +1,7 @@
 //! The configuration string: good values, bad values, and what the errors say.
 
 use crate::common::MIB;
-use burn_caching_alloc::alloc::{
+use caching_alloc_engine::alloc::{
     AllocatorConfig, ConfigError, HistoryOptions, RecordMode, RoundupDivisions, StackContext,
 };
 
@@ -127,7 +127,7 @@ fn rejects_malformed_unknown_and_out_of_range_values() {
 
 #[test]
 fn segment_sizing_names_the_rule_and_old_files_read_as_pytorch() {
-    use burn_caching_alloc::alloc::SegmentSizing;
+    use caching_alloc_engine::alloc::SegmentSizing;
     assert_eq!(
         AllocatorConfig::parse("segment_sizing:pytorch")
             .unwrap()
@@ -242,13 +242,13 @@ fn from_env_reads_the_variable() {
     );
 }
 
-const CONF: &str = burn_caching_alloc::alloc::CONFIG_ENV;
+const CONF: &str = caching_alloc_engine::alloc::CONFIG_ENV;
 
 /// Issue 20 point 6: `history_capacity` accepted up to 2^32 entries (hundreds of GiB of ring);
 /// the most is 2^24 now, and the error says so.
 #[test]
 fn history_capacity_is_capped_at_2_to_the_24() {
-    use burn_caching_alloc::alloc::MAX_HISTORY_CAPACITY;
+    use caching_alloc_engine::alloc::MAX_HISTORY_CAPACITY;
     assert_eq!(MAX_HISTORY_CAPACITY, 1 << 24);
     let most = AllocatorConfig::parse("history_capacity:16777216").unwrap();
     assert_eq!(most.history.max_entries, 1 << 24);
@@ -264,7 +264,7 @@ fn history_capacity_is_capped_at_2_to_the_24() {
 /// `SegmentSizing::name` is the config string's name: parsing it gives the rule back.
 #[test]
 fn each_segment_sizing_parses_from_its_name() {
-    use burn_caching_alloc::alloc::SegmentSizing;
+    use caching_alloc_engine::alloc::SegmentSizing;
     for rule in [SegmentSizing::Grow, SegmentSizing::Pytorch] {
         let config = AllocatorConfig::parse(&format!("segment_sizing:{}", rule.name()));
         assert_eq!(config.unwrap().segment_sizing, rule, "{}", rule.name());
@@ -328,8 +328,8 @@ fn a_subnormal_memory_fraction_is_refused() {
 /// 1 MiB, a fraction of 2. `CachingAllocator::new` refuses them now, with the parser's error.
 #[test]
 fn a_configuration_built_in_code_or_deserialised_is_checked_like_a_parsed_one() {
-    use burn_caching_alloc::alloc::CachingAllocator;
-    use burn_caching_alloc::device::sim::SimDevice;
+    use caching_alloc_engine::alloc::CachingAllocator;
+    use caching_alloc_engine::device::sim::SimDevice;
 
     let start = |config: AllocatorConfig| CachingAllocator::new(SimDevice::new(64 * MIB), config);
     let mut json: serde_json::Value =
@@ -375,7 +375,7 @@ fn a_configuration_built_in_code_or_deserialised_is_checked_like_a_parsed_one() 
 /// `AcceleratorAllocatorConfig::parseArgs` as MiB, 0 allowed) and ours, `pinned_max_idle_mb`.
 #[test]
 fn the_pinned_host_keys_parse_as_mib_with_0_allowed() {
-    use burn_caching_alloc::alloc::PinnedHostConfig;
+    use caching_alloc_engine::alloc::PinnedHostConfig;
 
     let defaults = PinnedHostConfig::default();
     assert_eq!(defaults.max_idle, 256 * MIB);

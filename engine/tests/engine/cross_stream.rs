@@ -3,8 +3,8 @@
 //! `sharing`). PyTorch never does (`get_free_block` searches the request's stream only):
 //! `streams.rs` checks that rule under `cross_stream_reuse:false`.
 
-use burn_caching_alloc::alloc::CachingAllocator;
-use burn_caching_alloc::device::sim::SimDevice;
+use caching_alloc_engine::alloc::CachingAllocator;
+use caching_alloc_engine::device::sim::SimDevice;
 
 use crate::common::*;
 
@@ -244,7 +244,7 @@ fn a_cache_only_request_never_takes_another_streams_segment() {
 /// the fence can be asked again, the next miss of another stream takes the segment.
 #[test]
 fn a_failed_fence_query_leaves_the_segment_where_it_was_and_the_request_gets_new_memory() {
-    use burn_caching_alloc::device::sim::SimCall;
+    use caching_alloc_engine::device::sim::SimCall;
     let (alloc, device) = allocator(64 * MIB, SHARING);
     // Stream 1's tensor is of the large pool: stream 1 has no small block to lend.
     let _keep = alloc.malloc(2 * MIB, S1).unwrap();
@@ -501,7 +501,7 @@ fn without_cross_stream_reuse_nothing_is_lent() {
 /// synchronises the device) or the engine's own synchronisation of events (`empty_cache`, the
 /// out-of-memory path); the stream itself may reuse it at once (stream order), no other may.
 mod lending_random {
-    use burn_caching_alloc::device::sim::SimCall;
+    use caching_alloc_engine::device::sim::SimCall;
     use proptest::prelude::*;
 
     use super::*;
@@ -701,4 +701,38 @@ fn a_busy_stream_lends_no_large_block() {
     alloc.free(b).unwrap();
     device.complete_all_events();
     check_invariants(&alloc, &device);
+}
+
+/// Lending never hands out a block of an expandable segment: such a segment is one stream's
+/// growing address range. Turning `expandable_segments` off at run time leaves the segments
+/// it made in the cache; a new stream's miss afterwards gets a segment of its own, not the
+/// free part of another stream's expandable segment (it was lent before the fix).
+#[test]
+fn blocks_of_expandable_segments_are_never_lent_after_expandable_segments_is_turned_off() {
+    let (alloc, device) = allocator(
+        64 * MIB,
+        "expandable_segments:true,cross_stream_reuse:true,cross_stream_lending:true",
+    );
+    let held = alloc.malloc(512, S1).unwrap();
+    assert!(alloc.snapshot().segments[0].is_expandable);
+    alloc
+        .set_allocator_settings("expandable_segments:false")
+        .unwrap();
+    let other = alloc.malloc(100 * KIB, S2).unwrap();
+    assert_eq!(other.stream(), S2, "a block of the requesting stream's own");
+    let stats = alloc.stats();
+    assert_eq!(stats.num_stream_lends, 0);
+    let streams: Vec<u64> = alloc.snapshot().segments.iter().map(|s| s.stream).collect();
+    assert_eq!(
+        streams,
+        vec![S1.0, S2.0],
+        "one segment each: {:?}",
+        alloc.snapshot().segments
+    );
+    for x in [held, other] {
+        alloc.free(x).unwrap();
+    }
+    // The engine's self-check (the suite's recount assumes one setting throughout).
+    alloc.check_invariants().unwrap();
+    drop(device);
 }

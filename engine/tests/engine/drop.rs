@@ -2,12 +2,12 @@
 //! segments that still hold a live allocation, or a block whose stream event failed: what is
 //! left is read from the simulated device itself, not from the dropped allocator.
 
-use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
+use caching_alloc_engine::alloc::{AllocatorConfig, CachingAllocator};
 
 use crate::common::MIB;
-use burn_caching_alloc::device::DeviceStream;
-use burn_caching_alloc::device::metered::Metered;
-use burn_caching_alloc::device::sim::{SimCall, SimDevice};
+use caching_alloc_engine::device::DeviceStream;
+use caching_alloc_engine::device::metered::Metered;
+use caching_alloc_engine::device::sim::{SimCall, SimDevice};
 
 const S0: DeviceStream = DeviceStream(0);
 const S1: DeviceStream = DeviceStream(1);

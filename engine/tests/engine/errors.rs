@@ -2,11 +2,11 @@
 
 use std::collections::HashMap;
 
-use burn_caching_alloc::alloc::{
+use caching_alloc_engine::alloc::{
     AllocError, AllocatorConfig, CachingAllocator, HistoryOptions, Snapshot, Trace, TraceEvent,
 };
-use burn_caching_alloc::device::DeviceError;
-use burn_caching_alloc::device::sim::{INJECTED_FAILURE, SimCall, SimDevice};
+use caching_alloc_engine::device::DeviceError;
+use caching_alloc_engine::device::sim::{INJECTED_FAILURE, SimCall, SimDevice};
 
 use crate::common::*;
 

@@ -3,13 +3,13 @@
 //! (`find_expandable_block`, `map_block`, `unmap_block`, `get_free_block`'s
 //! `expandable_size`, `release_blocks` in `CUDACachingAllocator.cpp`).
 
-use burn_caching_alloc::alloc::TraceEvent;
+use caching_alloc_engine::alloc::TraceEvent;
 
 use crate::common::*;
 
 const ES: &str = "expandable_segments:True,record_history:true";
 
-fn maps_and_unmaps(alloc: &burn_caching_alloc::alloc::CachingAllocator<SimDev>) -> Vec<String> {
+fn maps_and_unmaps(alloc: &caching_alloc_engine::alloc::CachingAllocator<SimDev>) -> Vec<String> {
     alloc
         .trace()
         .events
@@ -25,7 +25,7 @@ fn maps_and_unmaps(alloc: &burn_caching_alloc::alloc::CachingAllocator<SimDev>) 
         .collect()
 }
 
-type SimDev = burn_caching_alloc::device::sim::SimDevice;
+type SimDev = caching_alloc_engine::device::sim::SimDevice;
 
 /// Map, grow into the free tail, best fit away from the tail, and release.
 #[test]
@@ -284,7 +284,7 @@ fn garbage_collection_and_max_split_size_leave_expandable_pages_alone() {
 /// mapped, one more page is out of memory.
 #[test]
 fn the_memory_fraction_admits_pages_up_to_exactly_its_limit() {
-    use burn_caching_alloc::alloc::AllocError;
+    use caching_alloc_engine::alloc::AllocError;
 
     let (alloc, device) = allocator(
         1000 * MIB,
@@ -310,9 +310,9 @@ fn the_memory_fraction_admits_pages_up_to_exactly_its_limit() {
 /// address space, the other two a free mapped block, and the next release unmaps them.
 #[test]
 fn an_unmap_failing_half_way_splits_the_block_where_it_stopped() {
-    use burn_caching_alloc::alloc::AllocError;
-    use burn_caching_alloc::device::DeviceError;
-    use burn_caching_alloc::device::sim::SimCall;
+    use caching_alloc_engine::alloc::AllocError;
+    use caching_alloc_engine::device::DeviceError;
+    use caching_alloc_engine::device::sim::SimCall;
 
     let (alloc, device) = allocator(1024 * MIB, ES);
     let a = alloc.malloc(60 * MIB, S0).unwrap();
@@ -344,9 +344,9 @@ fn an_unmap_failing_half_way_splits_the_block_where_it_stopped() {
 /// report, splits nothing and keeps the block mapped and cached.
 #[test]
 fn an_impossible_partial_unmap_is_an_error_and_splits_nothing() {
-    use burn_caching_alloc::alloc::AllocError;
-    use burn_caching_alloc::device::DeviceError;
-    use burn_caching_alloc::device::sim::SimCall;
+    use caching_alloc_engine::alloc::AllocError;
+    use caching_alloc_engine::device::DeviceError;
+    use caching_alloc_engine::device::sim::SimCall;
 
     // The freed block starts one page into the range, so "more than asked for" (80 MiB of a
     // 60 MiB unmap) is not hidden by counting from the range's start.
@@ -415,8 +415,8 @@ fn a_block_near_the_end_of_the_range_counts_its_size_plus_the_unmapped_tail() {
 /// otherwise. The same device serves the configuration without the key.
 #[test]
 fn expandable_segments_are_refused_on_a_device_without_virtual_memory() {
-    use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator, ConfigError};
-    use burn_caching_alloc::device::sim::SimDevice;
+    use caching_alloc_engine::alloc::{AllocatorConfig, CachingAllocator, ConfigError};
+    use caching_alloc_engine::device::sim::SimDevice;
 
     let expandable = AllocatorConfig::parse("expandable_segments:True").unwrap();
     let err = CachingAllocator::new(

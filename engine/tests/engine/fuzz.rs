@@ -8,11 +8,11 @@
 
 use std::io::Write;
 
-use burn_caching_alloc::alloc::inspect::{ViewerLayer, torch_snapshot_pickle, viewer_html};
-use burn_caching_alloc::alloc::{
+use caching_alloc_engine::alloc::inspect::{ViewerLayer, torch_snapshot_pickle, viewer_html};
+use caching_alloc_engine::alloc::{
     AllocatorConfig, CachingAllocator, MemoryPoint, MemoryReport, Snapshot, Trace, TraceEvent,
 };
-use burn_caching_alloc::device::sim::SimDevice;
+use caching_alloc_engine::device::sim::SimDevice;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use proptest::prelude::*;

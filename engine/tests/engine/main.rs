@@ -35,7 +35,7 @@ mod streams;
 mod threads;
 mod viewer_html;
 
-#[path = "../support/child.rs"]
+#[path = "../../../tests/support/child.rs"]
 mod child;
-#[path = "../support/ci.rs"]
+#[path = "../../../tests/support/ci.rs"]
 mod ci;

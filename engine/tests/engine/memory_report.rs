@@ -2,10 +2,10 @@
 //! symptoms reproduced and told apart, with exact numbers.
 
 use crate::common::MIB;
-use burn_caching_alloc::alloc::{
+use caching_alloc_engine::alloc::{
     AllocatorConfig, CachingAllocator, HistoryOptions, MemoryPoint, MemoryReport, Verdict,
 };
-use burn_caching_alloc::device::{DeviceStream, sim::SimDevice};
+use caching_alloc_engine::device::{DeviceStream, sim::SimDevice};
 
 fn allocator(config: &str) -> CachingAllocator<SimDevice> {
     let config = AllocatorConfig::parse(config).expect("valid config");
@@ -19,7 +19,7 @@ fn point(alloc: &CachingAllocator<SimDevice>) -> MemoryPoint {
 #[inline(never)]
 fn keeps_activations(
     alloc: &CachingAllocator<SimDevice>,
-    kept: &mut Vec<burn_caching_alloc::alloc::Allocation<u64>>,
+    kept: &mut Vec<caching_alloc_engine::alloc::Allocation<u64>>,
 ) {
     for _ in 0..3 {
         kept.push(

@@ -1,7 +1,7 @@
 //! The miss path in order: cache, garbage collection, device, free oversize, free all, OOM.
 
 use crate::common::*;
-use burn_caching_alloc::alloc::AllocError;
+use caching_alloc_engine::alloc::AllocError;
 
 #[test]
 fn a_failed_device_allocation_frees_unused_segments_and_retries_once() {

@@ -4,7 +4,7 @@
 //! device allocation of its own, every free returns it once its stream's work is done, and
 //! the statistics keep their meaning (which PyTorch's bypass does not keep: it counts nothing).
 
-use burn_caching_alloc::alloc::{AllocError, AllocatorConfig, ConfigError};
+use caching_alloc_engine::alloc::{AllocError, AllocatorConfig, ConfigError};
 
 use crate::common::*;
 
@@ -12,8 +12,8 @@ use crate::common::*;
 fn uncached(
     capacity: u64,
 ) -> (
-    burn_caching_alloc::alloc::CachingAllocator<burn_caching_alloc::device::sim::SimDevice>,
-    burn_caching_alloc::device::sim::SimDevice,
+    caching_alloc_engine::alloc::CachingAllocator<caching_alloc_engine::device::sim::SimDevice>,
+    caching_alloc_engine::device::sim::SimDevice,
 ) {
     allocator(capacity, "no_cuda_memory_caching:True")
 }

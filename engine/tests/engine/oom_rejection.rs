@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex};
 
 use crate::common::*;
-use burn_caching_alloc::alloc::{AllocError, Allocation, CachingAllocator, TraceEvent};
-use burn_caching_alloc::device::sim::SimDevice;
+use caching_alloc_engine::alloc::{AllocError, Allocation, CachingAllocator, TraceEvent};
+use caching_alloc_engine::device::sim::SimDevice;
 
 /// 30 MiB live and a cached 20 MiB segment under a 60 MiB cap (0.6 of 100 MiB); a 22 MiB
 /// request fits no cached block and needs a new 22 MiB segment: over the cap, and under it

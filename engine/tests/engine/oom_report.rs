@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use burn_caching_alloc::alloc::{AllocError, ObserverThread, OomAdvice};
+use caching_alloc_engine::alloc::{AllocError, ObserverThread, OomAdvice};
 
 use crate::common::{MIB, S0, S1, allocator};
 

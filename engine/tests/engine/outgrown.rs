@@ -6,8 +6,8 @@
 //! `release_outgrown:false` is that rule. Requests of 10 MiB and more get segments of exactly
 //! their size rounded to 2 MiB (PyTorch's `get_allocation_size`), which these layouts use.
 
-use burn_caching_alloc::alloc::{BlockState, CachingAllocator};
-use burn_caching_alloc::device::sim::SimDevice;
+use caching_alloc_engine::alloc::{BlockState, CachingAllocator};
+use caching_alloc_engine::device::sim::SimDevice;
 
 use crate::common::*;
 
@@ -185,7 +185,7 @@ fn a_small_request_and_a_request_that_fits_the_cache_return_nothing() {
 }
 
 mod random {
-    use burn_caching_alloc::device::sim::SimCall;
+    use caching_alloc_engine::device::sim::SimCall;
     use proptest::prelude::*;
 
     use super::*;

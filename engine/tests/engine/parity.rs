@@ -2,8 +2,8 @@
 //! (`c10/cuda/CUDACachingAllocator.cpp` and `c10/core/AllocatorConfig.cpp`, PyTorch 2.9; the
 //! function each test follows is named in its doc comment).
 
-use burn_caching_alloc::alloc::{AllocError, CachingAllocator, TraceEvent};
-use burn_caching_alloc::device::sim::SimDevice;
+use caching_alloc_engine::alloc::{AllocError, CachingAllocator, TraceEvent};
+use caching_alloc_engine::device::sim::SimDevice;
 
 use crate::common::*;
 

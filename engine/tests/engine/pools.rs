@@ -5,15 +5,17 @@
 //! statistics; a released pool (`releasePool`) returning its memory with its last block; and
 //! random sequences over pools that keep every invariant.
 
-use burn_caching_alloc::alloc::{AllocError, MemPoolOptions, MemPoolStats};
+use caching_alloc_engine::alloc::{AllocError, MemPoolOptions, MemPoolStats};
 use proptest::prelude::*;
 
 use crate::common::*;
 
 /// Each segment's pool number (0: the allocator's own) and blocks, segments by address.
 fn pooled_layout(
-    alloc: &burn_caching_alloc::alloc::CachingAllocator<burn_caching_alloc::device::sim::SimDevice>,
-) -> Vec<(u64, Vec<(u64, burn_caching_alloc::alloc::BlockState)>)> {
+    alloc: &caching_alloc_engine::alloc::CachingAllocator<
+        caching_alloc_engine::device::sim::SimDevice,
+    >,
+) -> Vec<(u64, Vec<(u64, caching_alloc_engine::alloc::BlockState)>)> {
     alloc
         .snapshot()
         .segments
@@ -150,9 +152,9 @@ fn no_split_gives_each_request_a_whole_block() {
 fn full_device_with_a_free_pool_segment(
     use_on_oom: bool,
 ) -> (
-    burn_caching_alloc::alloc::CachingAllocator<burn_caching_alloc::device::sim::SimDevice>,
-    burn_caching_alloc::device::sim::SimDevice,
-    Vec<burn_caching_alloc::alloc::Allocation<u64>>,
+    caching_alloc_engine::alloc::CachingAllocator<caching_alloc_engine::device::sim::SimDevice>,
+    caching_alloc_engine::device::sim::SimDevice,
+    Vec<caching_alloc_engine::alloc::Allocation<u64>>,
 ) {
     let (alloc, device) = allocator(4 * MIB, "");
     let pool = alloc

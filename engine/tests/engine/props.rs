@@ -19,12 +19,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use burn_caching_alloc::alloc::{
+use caching_alloc_engine::alloc::{
     AllocError, Allocation, AllocatorConfig, BlockState, CachingAllocator, MemoryStats, PoolKind,
     RecordMode, SegmentSizing, Snapshot, TraceEvent,
 };
-use burn_caching_alloc::device::DeviceError;
-use burn_caching_alloc::device::sim::{INJECTED_FAILURE, SimCall, SimCounters, SimDevice};
+use caching_alloc_engine::device::DeviceError;
+use caching_alloc_engine::device::sim::{INJECTED_FAILURE, SimCall, SimCounters, SimDevice};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 

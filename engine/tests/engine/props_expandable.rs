@@ -4,7 +4,7 @@
 //! `props.rs` follows ordinary segments; here the invariants and the device's own view are
 //! the oracle: the allocator's mapped runs must be exactly the device's.)
 
-use burn_caching_alloc::alloc::Allocation;
+use caching_alloc_engine::alloc::Allocation;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 

@@ -1,7 +1,7 @@
 //! Request sizes: 512-byte rounding, power-of-two divisions, pool routing, segment sizes.
 
 use crate::common::{KIB, MIB};
-use burn_caching_alloc::alloc::{
+use caching_alloc_engine::alloc::{
     AllocatorConfig, PoolKind, RoundupDivisions, SegmentSizing, round_size, segment_size,
 };
 

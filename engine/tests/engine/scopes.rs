@@ -3,7 +3,9 @@
 //! block's scope, the PyTorch pickle's `user_metadata` and `external_annotations`) and the
 //! viewer.
 
-use burn_caching_alloc::alloc::{HistoryOptions, MemoryPoint, MemoryReport, PhaseStage, Stat, Tag};
+use caching_alloc_engine::alloc::{
+    HistoryOptions, MemoryPoint, MemoryReport, PhaseStage, Stat, Tag,
+};
 
 use crate::common::{MIB, S0, S1, allocator};
 use crate::snapshot_pickle::{expected, python_check, scratch};
@@ -11,8 +13,8 @@ use crate::viewer_html::{attribute, rendered_dom};
 
 /// The scope `name`'s (current, peak) live bytes.
 fn scope(
-    alloc: &burn_caching_alloc::alloc::CachingAllocator<
-        impl burn_caching_alloc::device::DeviceMemory,
+    alloc: &caching_alloc_engine::alloc::CachingAllocator<
+        impl caching_alloc_engine::device::DeviceMemory,
     >,
     name: &str,
 ) -> (u64, u64) {
@@ -179,7 +181,7 @@ fn the_snapshot_carries_each_blocks_scope_and_pythons_pickle_reader_finds_tags_a
     let history = &snapshot.history;
     let metadata: Vec<&str> = history
         .iter()
-        .filter(|e| e.action == burn_caching_alloc::alloc::TraceAction::Alloc)
+        .filter(|e| e.action == caching_alloc_engine::alloc::TraceAction::Alloc)
         .map(|e| e.user_metadata.as_str())
         .collect();
     assert_eq!(metadata, ["activations", "activations", ""]);

@@ -4,11 +4,11 @@
 //! after the call, a key the device cannot serve is refused and changes nothing.
 
 use crate::common::*;
-use burn_caching_alloc::alloc::{
+use caching_alloc_engine::alloc::{
     AllocatorConfig, CachingAllocator, ConfigError, RecordMode, SegmentSizing, TraceEvent,
     segment_size,
 };
-use burn_caching_alloc::device::sim::SimDevice;
+use caching_alloc_engine::device::sim::SimDevice;
 
 /// PyTorch's `get_free_block` after `max_split_size_mb` changes: a request under it no longer
 /// takes a cached block at or above it, and the oversize statistics count against the new

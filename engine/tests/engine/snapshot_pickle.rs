@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use burn_caching_alloc::alloc::{
+use caching_alloc_engine::alloc::{
     AllocError, CachingAllocator, HistoryOptions, RecordMode, StackContext, TraceAction,
 };
-use burn_caching_alloc::device::sim::SimDevice;
+use caching_alloc_engine::device::sim::SimDevice;
 
 use crate::ci::is_ci;
 use crate::common::{MIB, S0, S1, allocator};
@@ -23,7 +23,7 @@ pub const WORKLOAD_FN: &str = "inspect_workload";
 pub fn inspect_workload(
     alloc: &CachingAllocator<SimDevice>,
     device: &SimDevice,
-) -> Vec<burn_caching_alloc::alloc::Allocation<u64>> {
+) -> Vec<caching_alloc_engine::alloc::Allocation<u64>> {
     let mut live = Vec::new();
     for i in 0..40u64 {
         let size = if i % 3 == 0 {
@@ -278,7 +278,7 @@ fn expandable_segments_snapshot_and_history_pass_the_checker() {
 /// PyTorch's user pools do, the allocator's own (0, 0); every MEMORY_VIZ rule still holds.
 #[test]
 fn private_pool_segments_carry_their_pool_id() {
-    use burn_caching_alloc::alloc::MemPoolOptions;
+    use caching_alloc_engine::alloc::MemPoolOptions;
     let (alloc, device) = allocator(256 * MIB, "");
     alloc.record_memory_history(HistoryOptions::default());
     let first = alloc.create_pool(MemPoolOptions::default()).expect("pool");
@@ -304,7 +304,7 @@ fn private_pool_segments_carry_their_pool_id() {
 /// gives 65,536 lists and a pickle well under a MiB, the history in the last list.
 #[test]
 fn the_largest_device_index_gives_a_bounded_pickle() {
-    use burn_caching_alloc::alloc::inspect::torch_snapshot_pickle;
+    use caching_alloc_engine::alloc::inspect::torch_snapshot_pickle;
     let (alloc, _device) = allocator(64 * MIB, "");
     let kept = alloc.malloc(MIB, S0).expect("fits");
     let snapshot = alloc.snapshot();

@@ -1,7 +1,7 @@
 //! Statistics after every step of a scripted scenario, PyTorch's keys, and resets.
 
 use crate::common::*;
-use burn_caching_alloc::alloc::Stat;
+use caching_alloc_engine::alloc::Stat;
 
 fn stat(current: u64, peak: u64, allocated: u64, freed: u64) -> Stat {
     Stat {

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use burn_caching_alloc::alloc::HistoryOptions;
-use burn_caching_alloc::alloc::inspect::ViewerLayer;
+use caching_alloc_engine::alloc::HistoryOptions;
+use caching_alloc_engine::alloc::inspect::ViewerLayer;
 
 use crate::ci::is_ci;
 use crate::common::{MIB, allocator};
@@ -162,7 +162,8 @@ fn markup_in_the_snapshots_strings_cannot_end_or_escape_the_data_element() {
         name: hostile.into(),
         bytes: 7,
     }];
-    let page = burn_caching_alloc::alloc::inspect::viewer_html(&alloc.snapshot(), hostile, &layers);
+    let page =
+        caching_alloc_engine::alloc::inspect::viewer_html(&alloc.snapshot(), hostile, &layers);
     let start = page.find("id=\"data\">").expect("the data element") + "id=\"data\">".len();
     let end = start + page[start..].find("</script>").expect("its end");
     let data = &page[start..end];

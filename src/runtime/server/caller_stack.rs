@@ -150,6 +150,8 @@ impl<M: DeviceMemory> CallerStackPolicy<M> {
         allocator: Arc<CachingAllocator<M>>,
         stacks: Arc<CallerStacks>,
     ) -> Self {
+        // The policy sits between the caller and the capture: resolved stacks start below it.
+        crate::alloc::Stack::skip_frames_of("burn_caching_alloc::runtime::server::caller_stack::");
         Self {
             layout: ContiguousMemoryLayoutPolicy::new(alignment),
             allocator,
@@ -207,7 +209,11 @@ mod tests {
         stacks.push(
             a,
             2048,
-            context(&second, Some(Tag::new("second")), Some(MemPoolId(3))),
+            context(
+                &second,
+                Some(Tag::new("second")),
+                Some(MemPoolId::from_number(3)),
+            ),
         );
         let take = |stream, size| {
             stacks
@@ -221,7 +227,11 @@ mod tests {
         assert_eq!(take(a, 1024), Some((Some(first), None, None)));
         assert_eq!(
             take(a, 2048),
-            Some((Some(second), Some("second".to_string()), Some(MemPoolId(3))))
+            Some((
+                Some(second),
+                Some("second".to_string()),
+                Some(MemPoolId::from_number(3))
+            ))
         );
         assert_eq!(stacks.waiting(), 0);
         assert_eq!(take(a, 2048), None);

@@ -115,7 +115,7 @@ pub(super) struct BlockInfo<H> {
 
 /// Whether a miss may allocate new device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum MissPath {
+pub enum MissPath {
     /// The whole miss path, to an out-of-memory error.
     Allowed,
     /// A cached block only; a miss is `Ok(None)`.

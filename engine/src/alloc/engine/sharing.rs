@@ -465,6 +465,13 @@ impl<D: DeviceMemory> Engine<D> {
             if !self.oversize_rules_allow(rounded, size) {
                 return Ok(None);
             }
+            // An expandable segment is its stream's growing range: never lent, even where
+            // `expandable_segments` was turned off after it was made.
+            if self.in_expandable_segment(block) {
+                let list = self.free_list_ref(pool);
+                next = list.next_after(stream, size, self.blocks.address(block));
+                continue;
+            }
             let stamp = self.blocks[block].freed_at;
             if stamp <= self.poll_fence(i)? {
                 return Ok(Some((size, self.blocks.address(block), block)));

@@ -175,57 +175,24 @@ pub(super) fn write(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
         path: path.to_path_buf(),
         source,
     };
-    // Unique per process and write, so that two writes of one path do not share it.
-    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let write = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    // Not guessable ahead of time (the clock's nanoseconds), and opened only if new.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(format!(
-        ".{}-{write}-{nanos:08x}.partial",
-        std::process::id()
-    ));
-    let temporary = PathBuf::from(temporary);
-    let written = write_whole(trace, path, &temporary);
-    let renamed = written.and_then(|()| std::fs::rename(&temporary, path).map_err(io));
-    if renamed.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    renamed
-}
-
-/// Writes `trace` to `temporary` as `path` names its format, synced to the disk.
-fn write_whole(trace: &Trace, path: &Path, temporary: &Path) -> Result<(), TraceFileError> {
-    let io = |source| TraceFileError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
     let json = |source| TraceFileError::Json {
         path: path.to_path_buf(),
         source,
     };
-    // `create_new` (O_CREAT | O_EXCL): never opens what is already there, a symlink planted
-    // under the temporary name included.
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(temporary)
-        .map_err(io)?;
-    let file = BufWriter::new(file);
-    let mut file = if gzipped(path) {
-        let mut encoder = GzEncoder::new(file, Compression::best());
-        serde_json::to_writer(&mut encoder, trace).map_err(json)?;
-        encoder.finish().map_err(io)?
-    } else {
-        let mut file = file;
-        serde_json::to_writer(&mut file, trace).map_err(json)?;
-        file
-    };
-    file.flush().map_err(io)?;
-    let file = file.into_inner().map_err(|err| io(err.into_error()))?;
-    file.sync_all().map_err(io)
+    super::replace_file::replace_whole(path, io, |file| {
+        let file = BufWriter::new(file);
+        let mut file = if gzipped(path) {
+            let mut encoder = GzEncoder::new(file, Compression::best());
+            serde_json::to_writer(&mut encoder, trace).map_err(json)?;
+            encoder.finish().map_err(io)?
+        } else {
+            let mut file = file;
+            serde_json::to_writer(&mut file, trace).map_err(json)?;
+            file
+        };
+        file.flush().map_err(io)?;
+        file.into_inner().map_err(|err| io(err.into_error()))
+    })
 }
 
 #[cfg(test)]

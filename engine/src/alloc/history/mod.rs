@@ -21,6 +21,7 @@ mod file;
 pub mod inspect;
 mod options;
 mod recorder;
+mod replace_file;
 mod snapshot;
 mod trace;
 

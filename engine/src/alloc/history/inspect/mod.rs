@@ -12,6 +12,7 @@ mod html;
 mod pickle;
 mod torch_format;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub use html::ViewerLayer;
@@ -28,10 +29,16 @@ pub struct InspectError {
     pub source: std::io::Error,
 }
 
+/// Writes `bytes` to `path` whole (a temporary file renamed over it): a symlink at `path` is
+/// replaced, never followed, and a failed write leaves `path` as it was.
 fn write(path: &Path, bytes: &[u8]) -> Result<(), InspectError> {
-    std::fs::write(path, bytes).map_err(|source| InspectError {
+    let io = |source| InspectError {
         path: path.to_path_buf(),
         source,
+    };
+    super::replace_file::replace_whole(path, io, |mut file| {
+        file.write_all(bytes).map_err(io)?;
+        Ok(file)
     })
 }
 
@@ -65,4 +72,37 @@ pub fn write_viewer_html(
     path: &Path,
 ) -> Result<(), InspectError> {
     write(path, viewer_html(snapshot, title, layers).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot written where a symlink stands replaces the link and leaves its target
+    /// alone (`std::fs::write` followed the link and overwrote the target).
+    #[cfg(unix)]
+    #[test]
+    fn a_symlink_at_the_target_is_replaced_not_followed() {
+        let dir = std::env::temp_dir().join(format!("inspect-symlink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        let victim = dir.join("victim.txt");
+        let link = dir.join("snapshot.pickle");
+        std::fs::write(&victim, b"precious").expect("written");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&victim, &link).expect("planted");
+        let alloc = crate::alloc::CachingAllocator::new(
+            crate::device::sim::SimDevice::new(1 << 30),
+            crate::alloc::AllocatorConfig::default(),
+        )
+        .expect("allocator");
+        let snapshot = alloc.snapshot();
+        write_torch_snapshot(&snapshot, 0, &link).expect("written");
+        assert_eq!(std::fs::read(&victim).expect("read"), b"precious");
+        assert!(!std::fs::symlink_metadata(&link).expect("stat").is_symlink());
+        assert_eq!(
+            std::fs::read(&link).expect("read"),
+            torch_snapshot_pickle(&snapshot, 0)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
