@@ -15,8 +15,12 @@
 //! from anything short of the engine's cache flush ([`Growth::BeforeFlush`]): then an `alloc`
 //! beyond that is refused, and the refusal is remembered so that the caller (the reclaim
 //! policy, the server's out-of-memory path) can first hand CubeCL's free slices back.
+//!
+//! One slice per stream has no block: the guard slice of
+//! [`StreamMemory`](super::StreamMemory), which no tensor ever holds. It holds no memory, the
+//! engine never sees it, and `get` refuses it ([`EngineStorage::is_unbacked`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use cubecl_common::backtrace::BackTrace;
@@ -85,6 +89,10 @@ pub struct EngineStorage<D: DeviceMemory> {
     refused: bool,
     last_error: Option<AllocError>,
     held_bytes: u64,
+    /// Whether the next `alloc` makes a slice with no block ([`EngineStorage::unbacked_next`]).
+    unbacked_next: bool,
+    /// The slices with no block behind them.
+    unbacked: HashSet<StorageId>,
 }
 
 impl<D: DeviceMemory> core::fmt::Debug for EngineStorage<D> {
@@ -112,6 +120,8 @@ impl<D: DeviceMemory> EngineStorage<D> {
             refused: false,
             last_error: None,
             held_bytes: 0,
+            unbacked_next: false,
+            unbacked: HashSet::new(),
         }
     }
 
@@ -179,6 +189,19 @@ impl<D: DeviceMemory> EngineStorage<D> {
     pub fn held_bytes(&self) -> u64 {
         self.held_bytes
     }
+
+    /// The next `alloc` (only that one) makes a slice with no engine block behind it: no
+    /// memory, no engine call, and [`ComputeStorage::get`] refuses it. For a stream's guard
+    /// slice (see [`StreamMemory`](super::StreamMemory)), which no tensor ever holds.
+    pub(crate) fn unbacked_next(&mut self) {
+        self.unbacked_next = true;
+    }
+
+    /// Whether slice `id` has no block behind it: a stream's guard slice (see
+    /// [`StreamMemory`](super::StreamMemory)).
+    pub fn is_unbacked(&self, id: StorageId) -> bool {
+        self.unbacked.contains(&id)
+    }
 }
 
 impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
@@ -189,6 +212,14 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
     }
 
     fn get(&mut self, handle: &StorageHandle) -> Self::Resource {
+        // The server refuses every handle that resolves to an unbacked slice (a handle whose
+        // reservation failed) before it asks for a resource.
+        assert!(
+            !self.unbacked.contains(&handle.id),
+            "EngineStorage: {} is a slice with no block on {} (a stream's guard slice)",
+            handle.id,
+            self.stream
+        );
         // MemoryManagement only resolves handles of slices it holds, and every slice it holds
         // was created by `alloc` and is removed only by `dealloc`: a miss is a broken invariant.
         let Held { block, .. } = self.blocks.get(&handle.id).unwrap_or_else(|| {
@@ -218,6 +249,14 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
     }
 
     fn alloc(&mut self, size: u64) -> Result<StorageHandle, IoError> {
+        if core::mem::take(&mut self.unbacked_next) {
+            let id = StorageId::new();
+            self.unbacked.insert(id);
+            return Ok(StorageHandle::new(
+                id,
+                StorageUtilization { offset: 0, size },
+            ));
+        }
         // CubeCL creates zero-sized handles (empty tensors); they still need a distinct
         // binding, so they take the engine's smallest block.
         let request = size.max(1);
@@ -266,6 +305,9 @@ impl<D: DeviceMemory> ComputeStorage for EngineStorage<D> {
     }
 
     fn dealloc(&mut self, id: StorageId) {
+        if self.unbacked.remove(&id) {
+            return;
+        }
         let Some(Held { block, size, pool }) = self.blocks.remove(&id) else {
             log::warn!("EngineStorage: dealloc of unknown {id} on {}", self.stream);
             return;
@@ -324,8 +366,8 @@ fn storage_error(size: u64, too_large: bool, failure: impl core::fmt::Display) -
 /// A device failure as CubeCL's storage reports it: `BufferTooBig` when no single buffer of
 /// that size can exist on the device, otherwise `Unknown` with the device's message. For any
 /// `ComputeStorage` over a [`DeviceMemory`].
-impl From<DeviceError> for IoError {
-    fn from(err: DeviceError) -> Self {
+pub fn device_io_error(err: DeviceError) -> IoError {
+    {
         let size = match err {
             DeviceError::OutOfMemory { requested } | DeviceError::TooLarge { requested, .. } => {
                 requested

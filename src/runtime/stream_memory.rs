@@ -68,13 +68,27 @@
 //! reservation, which is the first moment an allocator could reuse it). The recorded trace is
 //! then the workload itself, a fair input for any allocator, and not just what missed CubeCL's
 //! pool. This costs one walk of the stream's slices per reservation: a diagnostic mode.
+//!
+//! **Handles that were never bound.** A handle whose reservation failed is left unbound by
+//! CubeCL's memory management, with the location every new handle starts at: the first slice
+//! of the stream (`MemoryLocation::uninit()`, pool 0, page 0, slice 0; with no dynamic pools
+//! pool 0 is the persistent one), which CubeCL resolves without a check. Left there, a launch or
+//! a write of the failed tensor would land in whatever tensor holds that slice. Every stream's
+//! first slice is therefore its **guard**: a slice of no bytes and no engine block
+//! ([`EngineStorage::is_unbacked`](super::EngineStorage::is_unbacked)), reserved when the
+//! stream is created and held by it for its lifetime, so never free, never reused, never handed
+//! back (CubeCL's walks keep the order of the slices they keep, so it stays first). Every
+//! unbound handle, and only an unbound one, resolves to it: [`StreamMemory::bound_slice`] says
+//! so (`None`), and the server refuses the handle. The guard is no tensor's:
+//! [`StreamMemory::usage`] leaves it out.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use cubecl_ir::MemoryDeviceProperties;
-use cubecl_runtime::memory_management::{ManagedMemoryHandle, MemoryUsage};
+use cubecl_runtime::memory_management::{ManagedMemoryBinding, ManagedMemoryHandle, MemoryUsage};
 use cubecl_runtime::server::IoError;
+use cubecl_runtime::storage::{StorageHandle, StorageId};
 
 use super::storage::{Growth, PersistentManager, persistent_manager};
 use crate::alloc::{AllocError, CachingAllocator, PoolKind};
@@ -220,6 +234,11 @@ pub struct StreamMemory<D: DeviceMemory> {
     /// CubeCL's slice alignment (sizes are padded to it).
     alignment: u64,
     counters: ReclaimCounters,
+    /// The stream's first slice, where every unbound handle resolves (see the module
+    /// documentation): held here, so never free.
+    _guard: ManagedMemoryHandle,
+    /// The guard's storage id.
+    guard_id: StorageId,
 }
 
 impl<D: DeviceMemory> core::fmt::Debug for StreamMemory<D> {
@@ -232,6 +251,34 @@ impl<D: DeviceMemory> core::fmt::Debug for StreamMemory<D> {
     }
 }
 
+/// Reserves a new stream's guard: its first slice, of no bytes and with no engine block (see
+/// the module documentation). Every handle CubeCL's memory management has not bound resolves
+/// to it from now on (or fails to resolve); checked here once per stream, so that a CubeCL
+/// that resolved unbound handles to another slice fails loudly instead of letting them through.
+fn reserve_guard<D: DeviceMemory>(
+    manager: &mut PersistentManager<D>,
+) -> (ManagedMemoryHandle, StorageId) {
+    manager.storage().unbacked_next();
+    let guard = manager
+        .reserve(0)
+        .expect("an unbacked slice allocates nothing");
+    let id = manager
+        .get_storage(guard.clone().binding())
+        .expect("the slice just reserved")
+        .id;
+    assert!(
+        manager.storage().is_unbacked(id),
+        "the stream's first reservation is its guard slice"
+    );
+    if let Ok(unbound) = manager.get_storage(ManagedMemoryHandle::new().binding()) {
+        assert_eq!(
+            unbound.id, id,
+            "CubeCL resolves an unbound handle to the stream's first slice"
+        );
+    }
+    (guard, id)
+}
+
 impl<D: DeviceMemory> StreamMemory<D> {
     /// The memory of engine stream `stream`, with the [`ReclaimPolicy::Amortised`] policy.
     pub fn new(
@@ -239,8 +286,12 @@ impl<D: DeviceMemory> StreamMemory<D> {
         stream: DeviceStream,
         properties: &MemoryDeviceProperties,
     ) -> Self {
+        let mut manager = persistent_manager(allocator, stream, properties);
+        let (guard, guard_id) = reserve_guard(&mut manager);
         Self {
-            manager: persistent_manager(allocator, stream, properties),
+            manager,
+            _guard: guard,
+            guard_id,
             policy: ReclaimPolicy::Amortised,
             budget: ReclaimBudget::default(),
             reserved_mark: 0,
@@ -280,9 +331,28 @@ impl<D: DeviceMemory> StreamMemory<D> {
         self.counters
     }
 
-    /// CubeCL's view of this stream: live slices, their bytes, and all slices' bytes.
+    /// CubeCL's view of this stream: live slices, their bytes, and all slices' bytes (the
+    /// guard slice, no tensor's and of no bytes, left out).
     pub fn usage(&self) -> MemoryUsage {
-        self.manager.memory_usage()
+        let mut usage = self.manager.memory_usage();
+        usage.number_allocs = usage.number_allocs.saturating_sub(1);
+        usage
+    }
+
+    /// The slice `binding` is bound to, or `None` when CubeCL's memory management never bound
+    /// it (its reservation failed, see the module documentation): such a handle must not be
+    /// resolved, it has no memory. An error when CubeCL finds no slice at all.
+    pub fn bound_slice(
+        &mut self,
+        binding: &ManagedMemoryBinding,
+    ) -> Result<Option<StorageHandle>, IoError> {
+        let slice = self.manager.get_storage(binding.clone())?;
+        Ok((slice.id != self.guard_id).then_some(slice))
+    }
+
+    /// Whether `handle` is bound to a slice of this stream (see [`StreamMemory::bound_slice`]).
+    pub fn is_bound(&mut self, handle: &ManagedMemoryHandle) -> bool {
+        matches!(self.bound_slice(&handle.clone().binding()), Ok(Some(_)))
     }
 
     /// Reserves `size` bytes, this stream alone: [`reserve_before_flush`](Self::reserve_before_flush),

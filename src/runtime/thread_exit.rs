@@ -28,10 +28,16 @@ static INBOXES: Mutex<Vec<Weak<ExitInbox>>> = Mutex::new(Vec::new());
 /// thread that first opened a client under another thread's id carries that id as well).
 static WATCHED: Mutex<Vec<(u64, u32)>> = Mutex::new(Vec::new());
 
-/// One server's list of stream ids whose threads have exited since it last read it.
+/// The most exits an inbox keeps unread: a server that sees no new thread for a long time
+/// (threads of other devices exiting, or `cross_stream_reuse:false`) keeps the newest ones. An
+/// exit dropped unread only keeps its slot from being taken at once by the next new thread.
+const INBOX_CAPACITY: usize = 1024;
+
+/// One server's list of stream ids whose threads have exited since it last read it (the
+/// newest [`INBOX_CAPACITY`]).
 #[derive(Debug, Default)]
 pub(crate) struct ExitInbox {
-    ids: Mutex<Vec<u64>>,
+    ids: Mutex<std::collections::VecDeque<u64>>,
 }
 
 impl ExitInbox {
@@ -46,14 +52,18 @@ impl ExitInbox {
 
     /// The ids posted since the last call.
     pub(crate) fn take(&self) -> Vec<u64> {
-        core::mem::take(&mut *self.ids.lock())
+        core::mem::take(&mut *self.ids.lock()).into()
     }
 }
 
 /// Posts `id` to every live inbox.
 fn post(id: u64) {
     for inbox in INBOXES.lock().iter().filter_map(Weak::upgrade) {
-        inbox.ids.lock().push(id);
+        let mut ids = inbox.ids.lock();
+        if ids.len() == INBOX_CAPACITY {
+            ids.pop_front();
+        }
+        ids.push_back(id);
     }
 }
 
@@ -145,5 +155,22 @@ mod tests {
         .join()
         .expect("thread");
         assert!(first.take().contains(&id));
+    }
+
+    /// An inbox nobody reads (a server that sees no new thread) keeps only the newest
+    /// [`INBOX_CAPACITY`] exits; it grew by one id per exiting thread for the process's life.
+    #[test]
+    fn an_unread_inbox_keeps_only_the_newest_exits() {
+        let inbox = ExitInbox::subscribe();
+        for id in 0..(3 * INBOX_CAPACITY as u64) {
+            post(u64::MAX - id);
+        }
+        let ids = inbox.take();
+        assert!(ids.len() <= INBOX_CAPACITY, "{} exits kept", ids.len());
+        assert!(
+            ids.contains(&(u64::MAX - (3 * INBOX_CAPACITY as u64 - 1))),
+            "the newest"
+        );
+        assert!(!ids.contains(&u64::MAX), "the oldest dropped");
     }
 }

@@ -25,6 +25,7 @@
 //! | 5 | 4 GiB | yes | `memory` and `oom` (expandable segments under the engine) |
 //! | 6 | 4 GiB | yes | `uncached` (`no_cuda_memory_caching:True`) |
 //! | 7 | 4 GiB | yes | `pinned` (the pinned host pool's keys) |
+//! | 8 | 64 MiB | yes | `failed` |
 //!
 //! Modules:
 //! - `runtime`: create, read back, copy, statistics, `empty_cache`, staging, drop;
@@ -43,6 +44,8 @@
 //! - `uncached`: `no_cuda_memory_caching`, every tensor one `cuMemAlloc` and one `cuMemFree`
 //!   after its stream's work;
 //! - `pinned`: the pinned host pool's statistics and limits, and its drop;
+//! - `failed`: a failed request (out of memory, rejected at a memory fraction, over a fraction,
+//!   in a private pool) corrupts no live tensor, and every use of the failed one is its error;
 //! - `detector`: the fake catches what it claims to (a missing wait, a double free, a map off
 //!   the granularity), so that an empty log means something.
 #![cfg(feature = "cuda")]
@@ -58,9 +61,9 @@ mod fake_cuda;
 #[ctor::ctor(unsafe)]
 fn under_the_fake() {
     fake_cuda::start(&[
-        ("FAKE_CUDA_DEVICES", "8"),
-        ("FAKE_CUDA_MEMORY", "4G,4G,64M,4G,4G,4G,4G,4G"),
-        ("FAKE_CUDA_VMM", "1,1,1,0,1,1,1,1"),
+        ("FAKE_CUDA_DEVICES", "9"),
+        ("FAKE_CUDA_MEMORY", "4G,4G,64M,4G,4G,4G,4G,4G,64M"),
+        ("FAKE_CUDA_VMM", "1,1,1,0,1,1,1,1,1"),
         ("FAKE_CUDA_GRANULARITY", "2M"),
         ("FAKE_CUDA_SCHEDULE", "random"),
     ]);
@@ -73,6 +76,7 @@ mod comm;
 mod cross_stream;
 mod detector;
 mod expandable;
+mod failed;
 mod memory;
 mod nccl;
 mod oom;

@@ -4,7 +4,8 @@
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
 //! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`, `components_wgpu`,
-//!   `configure_wgpu`, `expandable_wgpu`, `history_wgpu`, `launches_wgpu`, `mem_pool_wgpu`,
+//!   `configure_wgpu`, `expandable_wgpu`, `failed_requests_wgpu`, `history_wgpu`,
+//!   `launches_wgpu`, `mem_pool_wgpu`,
 //!   `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`,
 //!   `scopes_wgpu`, `soak_wgpu`,
 //!   `thread_rounds_wgpu`,
@@ -64,6 +65,8 @@ mod components_wgpu;
 mod configure_wgpu;
 #[cfg(feature = "wgpu")]
 mod expandable_wgpu;
+#[cfg(feature = "wgpu")]
+mod failed_requests_wgpu;
 #[cfg(feature = "wgpu")]
 mod history_wgpu;
 #[cfg(feature = "wgpu")]

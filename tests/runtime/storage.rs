@@ -13,6 +13,7 @@ use burn_caching_alloc::runtime::{
     EngineStorage, Growth, ReclaimCounters, ReclaimPolicy, StreamMemory, persistent_manager,
 };
 use cubecl_ir::MemoryDeviceProperties;
+use cubecl_runtime::memory_management::ManagedMemoryHandle;
 use cubecl_runtime::storage::ComputeStorage;
 
 const STREAM: DeviceStream = DeviceStream(7);
@@ -149,6 +150,42 @@ fn persistent_manager_reuses_same_size_slices_without_the_engine() {
         .expect("live slice resolves");
     assert_eq!(resource.size, 1000);
     assert_eq!(device.counters().allocs, 1);
+}
+
+/// A handle CubeCL's memory management never bound (a reservation that failed) resolves to
+/// the stream's guard slice, which is no tensor's, holds no memory and survives every walk:
+/// `bound_slice` says it has no slice, whatever the stream holds (CubeCL alone resolves it,
+/// unchecked, to the stream's first slice).
+#[test]
+fn an_unbound_handle_resolves_to_no_tensors_slice() {
+    let (device, allocator) = engine(64 * MIB);
+    let mut memory = StreamMemory::new(allocator.clone(), STREAM, &props());
+    assert_eq!(device.counters().allocs, 0, "the guard holds no memory");
+    assert_eq!(memory.usage().number_allocs, 0, "the guard is no tensor");
+    assert_eq!(memory.manager().storage().blocks(), 0);
+
+    let first = memory.reserve(1000).expect("reserve");
+    // An empty tensor's reservation is a block of its own, never the guard.
+    let empty = memory.reserve(0).expect("an empty tensor");
+    let unbound = ManagedMemoryHandle::new();
+    assert!(
+        memory
+            .bound_slice(&unbound.clone().binding())
+            .expect("CubeCL finds a slice")
+            .is_none()
+    );
+    assert!(!memory.is_bound(&unbound));
+    assert!(memory.is_bound(&first));
+    assert!(memory.is_bound(&empty));
+    assert_eq!(memory.usage().number_allocs, 2);
+
+    drop((first, empty));
+    memory.reclaim();
+    assert_eq!(memory.usage().number_allocs, 0);
+    assert_eq!(allocator.stats().allocated_bytes.all.current, 0);
+    let next = memory.reserve(1000).expect("reserve");
+    assert!(memory.is_bound(&next));
+    assert!(!memory.is_bound(&unbound), "the guard outlived the walk");
 }
 
 #[test]

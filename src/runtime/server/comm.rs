@@ -355,13 +355,16 @@ impl<D: Driver> ServerCommunication for CachingServer<D> {
             dst: self.device,
             stream: stream_id.value,
         });
-        match posting {
-            Posting::Device(parcel) => self.recv_from_peer(handle, stream_id, parcel),
-            Posting::Host(bytes) => {
-                if let Err(err) = self.receive(&handle, bytes, stream_id) {
-                    self.push_error(stream_id, err);
-                }
-            }
+        let (memory, size, made_on) = (handle.memory.clone(), handle.size(), handle.stream);
+        let received = match posting {
+            Posting::Device(parcel) => self.import(handle, parcel, stream_id),
+            Posting::Host(bytes) => self.receive(&handle, bytes, stream_id),
+        };
+        if let Err(err) = received {
+            // A destination left unbound (its reservation failed, or nothing came to reserve
+            // it for) returns this error at every later use, as a failed `initialize_memory`.
+            self.keep_failure(&memory, size, made_on, &err);
+            self.push_error(stream_id, err);
         }
         Ok(())
     }

@@ -7,6 +7,8 @@
 //!   [`StreamMemory`](super::StreamMemory) (CubeCL's persistent `MemoryManagement` over the
 //!   engine), the driver's stream state and the errors waiting to be reported;
 //! - `reserve`: a new tensor's slice, with the out-of-memory path across streams;
+//! - `failed`: the buffers whose reservation failed, which are never resolved: every later
+//!   launch, write, read or copy of one returns the reservation's error, and touches no memory;
 //! - `ordering`: cross-stream waits before a stream uses another stream's buffer, only when
 //!   the buffer is newer than the two streams' last sync; and the other way, another stream's
 //!   buffer held after a use until an event recorded after it completed (PyTorch's
@@ -31,6 +33,9 @@ mod checks;
 mod comm;
 #[cfg(test)]
 mod comm_tests;
+mod failed;
+#[cfg(test)]
+mod failed_tests;
 mod host_reduce;
 mod kernels;
 mod layer_usage;
@@ -158,6 +163,12 @@ impl<D: Driver> CachingServer<D> {
         // the server (statistics, `empty_cache`) like any other thread.
         allocator.set_observer_thread(ObserverThread::Own);
         let cubecl_usage = Arc::new(Mutex::new(CubeclLayerUsage::default()));
+        // The engine's own registry too: readers that know no Burn (the replay's tools, another
+        // integration in the process) find it there, as long as this server lives.
+        caching_alloc_engine::registry::register(
+            caching_alloc_engine::registry::DeviceKey::new(D::NAME, u32::from(device.index_id)),
+            &allocator,
+        );
         registry::register(
             device,
             DeviceEntry {
@@ -286,41 +297,53 @@ impl<D: Driver> CachingServer<D> {
         memory.manager().storage().set_mem_pool(pool);
     }
 
-    /// Resolves a binding through the manager of the stream that created it.
-    fn resolve(
+    /// `memory`'s reservation of `size` bytes on `stream` failed with `error`: if it is still
+    /// unbound, every later use of it returns `error` (see `failed`).
+    fn keep_failure(
         &mut self,
-        memory: ManagedMemoryBinding,
+        memory: &ManagedMemoryHandle,
+        size: u64,
         stream: StreamId,
-        offset_start: Option<u64>,
-        offset_end: Option<u64>,
-    ) -> Result<Resource<D>, IoError> {
-        let manager = self.streams.get(&mut self.driver, stream).memory.manager();
+        error: &ServerError,
+    ) {
+        let stream = self.streams.get(&mut self.driver, stream);
+        if !stream.memory.is_bound(memory) {
+            stream.failed.record(memory.clone(), size, error.clone());
+        }
+    }
+
+    /// Resolves a binding through the manager of the stream that created it. A buffer whose
+    /// reservation failed has no memory: refused with that failure's error.
+    fn resolve(&mut self, binding: Binding) -> Result<Resource<D>, ServerError> {
+        let Binding {
+            memory,
+            offset_start,
+            offset_end,
+            stream,
+            size,
+        } = binding;
+        let slot = self.streams.get(&mut self.driver, stream);
+        let Some(slice) = slot.memory.bound_slice(&memory)? else {
+            return Err(slot.failed.error_for(size));
+        };
+        let manager = slot.memory.manager();
         // CubeCL's `StorageHandle::offset_start`/`offset_end` subtract unchecked: offsets past
         // the slice would wrap its size and resolve outside the block. Refused here.
-        let slice = manager.get_storage(memory.clone())?.size();
+        let slice = slice.size();
         let inside = offset_start
             .unwrap_or(0)
             .checked_add(offset_end.unwrap_or(0))
             .is_some_and(|cut| cut <= slice);
         if !inside {
-            return Err(IoError::Unknown {
+            return Err(ServerError::Io(IoError::Unknown {
                 description: format!(
                     "caching allocator: handle offsets (start {offset_start:?}, end \
                      {offset_end:?}) fall outside its {slice}-byte slice"
                 ),
                 backtrace: BackTrace::capture(),
-            });
+            }));
         }
-        manager.get_resource(memory, offset_start, offset_end)
-    }
-
-    fn resolve_binding(&mut self, binding: Binding) -> Result<Resource<D>, IoError> {
-        self.resolve(
-            binding.memory,
-            binding.stream,
-            binding.offset_start,
-            binding.offset_end,
-        )
+        Ok(manager.get_resource(memory, offset_start, offset_end)?)
     }
 
     /// Resolves a binding that work on `consumer` uses and tells which stream produced it, and
@@ -330,17 +353,20 @@ impl<D: Driver> CachingServer<D> {
         &mut self,
         binding: Binding,
         consumer: StreamId,
-    ) -> Result<(Resource<D>, BufferUse, Option<ManagedMemoryBinding>), IoError> {
+    ) -> Result<(Resource<D>, BufferUse, Option<ManagedMemoryBinding>), ServerError> {
         let stream = binding.stream;
-        let foreign = (self.streams.slot(stream) != self.streams.slot(consumer))
-            .then(|| binding.memory.clone());
+        let memory = binding.memory.clone();
+        // First: a buffer whose reservation failed is refused before anything reads its slice.
+        let resource = self.resolve(binding)?;
         let cursor = self
             .streams
             .peek(&mut self.driver, stream)
             .memory
             .manager()
-            .get_cursor(binding.memory.clone())?;
-        let resource = self.resolve_binding(binding)?;
+            .get_cursor(memory.clone())?;
+        // The consumer's slot as assigned (a new thread gets its slot here, not CubeCL's).
+        let consumer_slot = self.streams.assign_slot(consumer);
+        let foreign = (self.streams.slot(stream) != consumer_slot).then_some(memory);
         Ok((resource, BufferUse { stream, cursor }, foreign))
     }
 
@@ -448,6 +474,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
             live
         });
         let retag = Tag::ever_used().then(|| memory.clone());
+        let failed = memory.clone();
         // Only a routed reservation touches the stream's storage here: every other one finds
         // it on the allocator's own pools already, and a lookup counts as an operation of the
         // stream (its idle-slot bookkeeping).
@@ -461,7 +488,12 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
             self.route_to_pool(stream_id, None);
         }
         match bound {
-            Err(err) => self.push_error(stream_id, err),
+            // The handle stays unbound: every later use of it returns this error, and the next
+            // `read`, `sync` or `flush` of the stream reports it.
+            Err(err) => {
+                self.keep_failure(&failed, size, stream_id, &err);
+                self.push_error(stream_id, err);
+            }
             // CubeCL may have handed the caller a slice another request left free: its block
             // is counted under this request's scope from now on.
             Ok(()) => {
@@ -509,7 +541,7 @@ impl<D: Driver> ComputeServer for CachingServer<D> {
                     uses.push(used);
                     foreign.extend(other);
                 }
-                Err(err) => return ready(Err(err.into())),
+                Err(err) => return ready(Err(err)),
             }
         }
         if let Err(err) = self.order_after(stream_id, &uses) {

@@ -127,7 +127,9 @@ pub(super) fn order_after<D: Driver>(
     consumer: StreamId,
     uses: &[BufferUse],
 ) -> Result<(), ServerError> {
-    let consumer_slot = streams.slot(consumer);
+    // Assigned first: a thread whose first operation is this one gets its slot now, so the
+    // wait below goes to the stream its work runs on.
+    let consumer_slot = streams.assign_slot(consumer);
     // The newest buffer per producer slot: one wait covers the others.
     let mut newest: Vec<(usize, u64)> = Vec::new();
     for buffer in uses {

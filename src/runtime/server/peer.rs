@@ -108,7 +108,7 @@ impl<D: Driver> CachingServer<D> {
         self.order_after(stream_id, &[used])?;
         let staging = Handle::new(stream_id, len as u64);
         self.reserve_bound(staging.memory.clone(), len as u64, stream_id)?;
-        let staging_resource = self.resolve_binding(staging.clone().binding())?;
+        let staging_resource = self.resolve(staging.clone().binding())?;
         self.advance(stream_id);
         let (driver, driver_stream) = self.split(stream_id);
         // SAFETY: `src` and `staging_resource` were resolved from live handles (the source's
@@ -124,20 +124,8 @@ impl<D: Driver> CachingServer<D> {
     }
 
     /// The end of a `recv` whose `send` took the device path (see the module docs): the copy
-    /// from the posted staging block. Never fails: an error is kept on the stream, as the host
-    /// path does.
-    pub(super) fn recv_from_peer(
-        &mut self,
-        handle: Handle,
-        stream_id: StreamId,
-        parcel: Result<Parcel<D>, ServerError>,
-    ) {
-        if let Err(err) = self.import(handle, parcel, stream_id) {
-            self.push_error(stream_id, err);
-        }
-    }
-
-    fn import(
+    /// from the posted staging block, into `handle` reserved here.
+    pub(super) fn import(
         &mut self,
         handle: Handle,
         parcel: Result<Parcel<D>, ServerError>,
@@ -146,7 +134,7 @@ impl<D: Driver> CachingServer<D> {
         let parcel = parcel?;
         let copied = (|| {
             self.reserve_bound(handle.memory.clone(), handle.size(), stream_id)?;
-            let dst = self.resolve_binding(handle.binding())?;
+            let dst = self.resolve(handle.binding())?;
             self.advance(stream_id);
             let (driver, driver_stream) = self.split(stream_id);
             // SAFETY: `dst` was resolved from the handle just reserved and bound; the parcel's

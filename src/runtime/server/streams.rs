@@ -42,7 +42,9 @@
 //!
 //! CubeCL 0.10's `initialize_memory`, `write` and `launch` cannot return errors, so a failure
 //! there is kept on its stream and returned by the next `read`, `sync` or `flush` of that
-//! stream, which also clears it: the server keeps working.
+//! stream, which also clears it: the server keeps working. A failed reservation is also kept
+//! in its slot's `failed` record, so that every later use of the buffer returns its error
+//! (see `failed`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -54,6 +56,7 @@ use cubecl_runtime::server::{Handle, ServerError};
 
 use super::super::driver::Driver;
 use super::super::stream_memory::{ReclaimPolicy, StreamMemory};
+use super::failed::FailedReservations;
 use super::ordering::SyncPoints;
 use crate::alloc::{CachingAllocator, RecordMode};
 use crate::device::DeviceStream;
@@ -93,6 +96,8 @@ pub(super) struct ServerStream<D: Driver> {
     /// The cursor of each other slot this stream last waited for.
     pub(super) synced: SyncPoints,
     pub(super) metadata: Option<MetadataScratch>,
+    /// The buffers made on this slot whose reservation failed (see `failed`).
+    pub(super) failed: FailedReservations,
     errors: Vec<ServerError>,
     /// The table's operation count when an operation last touched this slot.
     touched: u64,
@@ -103,9 +108,14 @@ pub(super) struct ServerStream<D: Driver> {
 }
 
 impl<D: Driver> ServerStream<D> {
-    /// Keeps `error` for the next `read`, `sync` or `flush` of this stream.
+    /// Keeps `error` for the next `read`, `sync` or `flush` of this stream, once: a use of a
+    /// buffer whose reservation failed returns that failure's error (see `failed`), which the
+    /// stream may hold already, and it is reported once.
     pub(super) fn push_error(&mut self, error: ServerError) {
-        self.errors.push(error);
+        let text = error.to_string();
+        if !self.errors.iter().any(|kept| kept.to_string() == text) {
+            self.errors.push(error);
+        }
     }
 }
 
@@ -255,10 +265,11 @@ impl<D: Driver> Streams<D> {
             return slot;
         }
         let operations = self.operations;
+        // Read whatever the setting: the inbox is emptied as new threads come.
+        self.read_exits();
         // Under PyTorch's per-stream rule (`cross_stream_reuse:false`) a new thread's stream
         // is its own, as in PyTorch: nothing it did not allocate itself serves it.
         let idle = if self.allocator.config().cross_stream_reuse && self.reuse_after != u64::MAX {
-            self.read_exits();
             let living = &self.living;
             let vacant = self
                 .streams
@@ -311,6 +322,14 @@ impl<D: Driver> Streams<D> {
             }
         }
         slot
+    }
+
+    /// The slot of `id`, given now if `id` is new: what every decision about `id`'s work (which
+    /// stream waits for which) must use, so that a wait goes to the stream the work then runs
+    /// on. [`slot`](Self::slot) alone would name CubeCL's slot for a new thread, and slot
+    /// reuse could then put its work on another one.
+    pub(super) fn assign_slot(&mut self, id: StreamId) -> usize {
+        self.assign(id)
     }
 
     /// The stream of `id`'s slot, created (with its driver state from `driver`) on first use,
@@ -415,6 +434,7 @@ impl<D: Driver> Streams<D> {
                 cursor: 0,
                 synced: SyncPoints::default(),
                 metadata: None,
+                failed: FailedReservations::default(),
                 errors: Vec::new(),
                 touched: 0,
                 handed_back: false,
@@ -457,7 +477,7 @@ impl<D: Driver> Streams<D> {
 
     /// Keeps `error` for the next `read`, `sync` or `flush` of `id`.
     pub(super) fn push_error(&mut self, driver: &mut D, id: StreamId, error: ServerError) {
-        self.get(driver, id).errors.push(error);
+        self.get(driver, id).push_error(error);
     }
 
     /// Takes the pending errors of `id` as one error, if there are any.

@@ -38,9 +38,11 @@ use crate::device::sim::SimDevice;
 pub(super) struct Seen {
     streams_created: Vec<DeviceStream>,
     /// Per launch: the inline info and the bytes of the metadata buffer at launch time.
-    launches: Vec<(Vec<u64>, Option<Vec<u8>>)>,
+    pub(super) launches: Vec<(Vec<u64>, Option<Vec<u8>>)>,
     events_recorded: usize,
     waits: usize,
+    /// The stream of every wait, in order.
+    wait_streams: Vec<DeviceStream>,
     /// The stream of every event recorded, by event id.
     event_streams: Vec<DeviceStream>,
     /// Events the test declared complete (the others are still running).
@@ -96,7 +98,7 @@ impl Compiler for NoCompiler {
     }
 }
 
-struct NoKernel;
+pub(super) struct NoKernel;
 
 impl KernelMetadata for NoKernel {
     fn id(&self) -> KernelId {
@@ -132,6 +134,7 @@ std::thread_local! {
 }
 
 impl Driver for Recording {
+    const NAME: &'static str = "recording";
     type Memory = Metered<SimDevice>;
     type Compiler = NoCompiler;
     type Info = ();
@@ -271,8 +274,10 @@ impl Driver for Recording {
         Ok(seen.event_streams.len() as u64 - 1)
     }
 
-    fn wait_event(&mut self, _stream: &mut DeviceStream, _event: u64) -> Result<(), ServerError> {
-        self.seen.lock().waits += 1;
+    fn wait_event(&mut self, stream: &mut DeviceStream, _event: u64) -> Result<(), ServerError> {
+        let mut seen = self.seen.lock();
+        seen.waits += 1;
+        seen.wait_streams.push(*stream);
         Ok(())
     }
 
@@ -347,7 +352,7 @@ pub(super) fn harness_of(layout: MetadataLayout, max_streams: usize, capacity: u
     harness_on(SimDevice::new(capacity), layout, max_streams)
 }
 
-fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> Harness {
+pub(super) fn harness_on(device: SimDevice, layout: MetadataLayout, max_streams: usize) -> Harness {
     harness_configured(device, layout, max_streams, AllocatorConfig::default())
 }
 
@@ -1424,3 +1429,40 @@ fn without_caching_a_dropped_tensor_goes_back_to_the_device_only_after_its_strea
     );
     drop((b, c));
 }
+
+/// A thread whose first operation on the device uses another thread's buffer (here a launch
+/// reading it) is given a gone thread's slot; the wait that orders its work after the buffer's
+/// producer goes to that slot's stream, where the work runs. Decided before the slot was
+/// assigned, the wait went to CubeCL's slot of the id, and the launch ran unordered with the
+/// producer (`ordering::order_after` now assigns first).
+#[test]
+fn a_new_threads_first_use_of_anothers_buffer_waits_on_the_slot_it_is_given() {
+    use super::streams::{REUSE_AFTER, slot};
+    let mut h = harness(MetadataLayout::DriverBinding, 128);
+    // Three ids on three distinct CubeCL slots: a producer, a thread that goes silent (never
+    // watched, so silence frees its slot), and the new thread.
+    let mut ids = (3_000_000..).map(stream);
+    let producer = ids.next().expect("id");
+    let gone = ids
+        .by_ref()
+        .find(|id| slot(*id, 128) != slot(producer, 128))
+        .expect("id");
+    let new = ids
+        .find(|id| slot(*id, 128) != slot(producer, 128) && slot(*id, 128) != slot(gone, 128))
+        .expect("id");
+    drop(h.buffer(4096, gone));
+    let produced = h.buffer(4096, producer);
+    for _ in 0..REUSE_AFTER {
+        drop(h.buffer(4096, producer));
+    }
+    let before = h.seen.lock().wait_streams.len();
+    h.launch(&[&produced], MetadataBindingInfo::new(vec![1], 0), new);
+    let given = h.server.streams.slot(new);
+    assert_eq!(given, h.server.streams.slot(gone), "the gone thread's slot");
+    assert_eq!(
+        h.seen.lock().wait_streams[before..],
+        [DeviceStream(given as u64)],
+        "one wait, on the stream of the slot the work runs on"
+    );
+}
+
