@@ -1,6 +1,7 @@
 //! What a training step's memory is: parameters, gradients, optimizer state, activations and
-//! the rest (PyTorch's component tracking, `component_bytes.*` in `memory_stats`), from
-//! memory scopes a training loop opens in a few lines.
+//! the rest (`component_bytes.*` in `memory_stats`; the categories of PyTorch's profiler memory
+//! view, computed here from memory scopes a training loop opens in a few lines, not from
+//! PyTorch's profiler).
 //!
 //! ```no_run
 //! # #[cfg(feature = "wgpu")]

@@ -97,8 +97,9 @@ impl<Dev: CachingDevice> MemPool<Dev> {
             .expect("a MemPool's pool is live until the MemPool is dropped")
     }
 
-    /// Returns the pool's cached segments with no live tensor to the device (PyTorch's
-    /// `empty_cache` of a pool); the bytes returned. `backend::empty_cache` leaves pools alone.
+    /// Returns the pool's cached segments with no live tensor to the device, while the pool
+    /// lives (PyTorch returns a private pool's segments only once the pool is released); the
+    /// bytes returned. `backend::empty_cache` leaves pools alone.
     ///
     /// # Errors
     ///

@@ -332,8 +332,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         self.change("release_pool")?.release_pool(pool)
     }
 
-    /// Returns the wholly free segments of private pool `pool` to the device (PyTorch's
-    /// `empty_cache` of a pool); the bytes released. [`empty_cache`](Self::empty_cache) leaves
+    /// Returns the wholly free segments of private pool `pool` to the device while the pool
+    /// lives (PyTorch returns a private pool's segments only once it is released); the bytes
+    /// released. [`empty_cache`](Self::empty_cache) leaves
     /// private pools alone.
     ///
     /// # Errors

@@ -38,7 +38,8 @@ impl std::fmt::Display for MemPoolId {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemPoolOptions {
     /// A block of the pool is never split: every request takes a whole cached block, or a new
-    /// segment of exactly its rounded size (PyTorch's `setNoSplit`, read in `should_split`).
+    /// segment sized by the usual rules, all of it its own (two 4000 B requests hold two 2 MiB
+    /// small segments), as PyTorch's `setNoSplit` makes `should_split` answer no.
     pub no_split: bool,
     /// A request outside every private pool that would fail with an out-of-memory takes a
     /// cached free block of this pool first (PyTorch's `use_on_oom_pools`, tried at the end
