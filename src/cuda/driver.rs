@@ -371,7 +371,7 @@ impl Driver for CudaDriver {
             return copied.map_err(|err| cuda_failure("cuMemcpyHtoDAsync", err));
         }
         let mut staged = self.staging.take(data.len())?;
-        staged.bytes_mut().copy_from_slice(data);
+        staged.fill_from(data);
         // SAFETY: the staged buffer holds `data.len()` pinned bytes and stays out of the pool
         // until the event after this copy completed; `dst_ptr` addresses enough bytes.
         let copied = unsafe {
@@ -470,16 +470,14 @@ impl Driver for CudaDriver {
         let groups = self.group_checks();
         Box::pin(async move {
             let (parts, in_flight) = issued?;
-            let mut staged = in_flight.wait()?;
+            let staged = in_flight.wait()?;
             // A collective of these buffers cancelled while this waited: its error.
             groups()?;
             Ok(parts
                 .into_iter()
                 .map(|part| match part {
                     Part::Ready(bytes) => Bytes::from_bytes_vec(bytes),
-                    Part::Pinned(index) => {
-                        Bytes::from_bytes_vec(staged[index].bytes_mut().to_vec())
-                    }
+                    Part::Pinned(index) => Bytes::from_bytes_vec(staged[index].to_vec_after_copy()),
                 })
                 .collect())
         })

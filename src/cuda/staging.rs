@@ -314,12 +314,26 @@ impl Staged {
             .unwrap_or(std::ptr::null_mut())
     }
 
-    /// The bytes in use, to fill or read. Only while no copy into or out of it is running.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
+    /// Fills the bytes in use with `data` (exactly `len` bytes). Only while no copy into or
+    /// out of the buffer is running. Copied through the raw pointer: pinned memory fresh from
+    /// `cuMemHostAlloc` is uninitialised, and no `&mut [u8]` may be made over it.
+    pub fn fill_from(&mut self, data: &[u8]) {
+        assert_eq!(data.len(), self.len, "a staged buffer is filled whole");
+        if let Some(buffer) = &self.buffer {
+            // SAFETY: the buffer holds `capacity >= len` bytes, has one owner (`self`), and
+            // does not overlap `data` (host memory of the caller's).
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buffer.ptr, self.len) };
+        }
+    }
+
+    /// The bytes in use, copied out, once a copy from the device into all of them completed
+    /// (which initialised them).
+    pub fn to_vec_after_copy(&self) -> Vec<u8> {
         match &self.buffer {
-            // SAFETY: the buffer holds `capacity >= len` bytes and has one owner (`self`).
-            Some(buffer) => unsafe { std::slice::from_raw_parts_mut(buffer.ptr, self.len) },
-            None => &mut [],
+            // SAFETY: the buffer holds `capacity >= len` bytes, one owner, and the completed
+            // device copy wrote every one of the `len` bytes.
+            Some(buffer) => unsafe { std::slice::from_raw_parts(buffer.ptr, self.len) }.to_vec(),
+            None => Vec::new(),
         }
     }
 }
