@@ -1465,4 +1465,3 @@ fn a_new_threads_first_use_of_anothers_buffer_waits_on_the_slot_it_is_given() {
         "one wait, on the stream of the slot the work runs on"
     );
 }
-
