@@ -55,8 +55,8 @@ pub use engine::MissPath;
 pub use error::{AllocError, InvariantViolation, OomAdvice, OomDiagnosis};
 pub use history::inspect;
 pub use history::{
-    BlockSnapshot, HistoryEntry, HistoryOptions, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, PhaseMark,
-    PhaseStage, RecordMode, SegmentSnapshot, Snapshot, StackContext, Trace, TraceAction,
+    BlockSnapshot, HistoryEntry, HistoryOptions, MAX_GZIP_RATIO, MAX_TRACE_BYTES, MAX_TRACE_EVENTS,
+    PhaseMark, PhaseStage, RecordMode, SegmentSnapshot, Snapshot, StackContext, Trace, TraceAction,
     TraceEvent, TraceFileError,
 };
 pub use mem_pool::{MemPoolId, MemPoolOptions, MemPoolStats};

@@ -22,6 +22,24 @@ use super::trace::Trace;
 /// events.
 pub const MAX_TRACE_BYTES: u64 = 4 << 30;
 
+/// How many times its own size a gzipped trace may decompress to: recorded traces compress
+/// 11 to 16 times (the replay's), so 128 leaves room and refuses a small file that would expand
+/// to gigabytes of events in memory.
+pub const MAX_GZIP_RATIO: u64 = 128;
+
+/// A gzipped trace may always decompress to this much, whatever its size (64 MiB of JSON).
+const MIN_GZIP_LIMIT: u64 = 64 << 20;
+
+/// The limit of JSON a gzipped trace of `compressed` bytes may hold: `limit`, or less for a
+/// small file ([`MAX_GZIP_RATIO`] times its size, at least 64 MiB).
+fn gzip_limit(compressed: u64, limit: u64) -> u64 {
+    limit.min(
+        compressed
+            .saturating_mul(MAX_GZIP_RATIO)
+            .max(MIN_GZIP_LIMIT),
+    )
+}
+
 /// The most events a trace read may hold: 2^26 (about 3 GiB of events in memory), more than
 /// [`MAX_TRACE_BYTES`] of JSON holds at its typical 100 bytes an event.
 pub const MAX_TRACE_EVENTS: u64 = 1 << 26;
@@ -47,12 +65,13 @@ pub enum TraceFileError {
         /// The decoder's error.
         source: std::io::Error,
     },
-    /// The file holds (or decompresses to) more than `limit` bytes of JSON.
+    /// The file holds (or decompresses to) more than `limit` bytes of JSON (for a gzipped
+    /// file, at most [`MAX_GZIP_RATIO`] times its own size, at least 64 MiB).
     #[error("{} holds more than {limit} bytes of JSON: refused as a trace", path.display())]
     TooLarge {
         /// The file.
         path: PathBuf,
-        /// The limit, [`MAX_TRACE_BYTES`].
+        /// The limit: [`MAX_TRACE_BYTES`], or the gzip ratio's.
         limit: u64,
     },
     /// The file's contents are not a trace, or the trace could not be serialised.
@@ -125,6 +144,7 @@ fn parse_capped(reader: impl Read, limit: u64) -> Result<Trace, ReadFailure> {
 
 /// A gzipped trace held in memory ([`Trace::from_json_gz`]), at most `limit` bytes of JSON.
 pub(super) fn from_gz_slice(bytes: &[u8], limit: u64) -> Result<Trace, serde_json::Error> {
+    let limit = gzip_limit(bytes.len() as u64, limit);
     match parse_capped(GzDecoder::new(bytes), limit) {
         Ok(trace) => Ok(trace),
         Err(ReadFailure::TooLarge) => Err(serde_json::Error::io(std::io::Error::other(format!(
@@ -143,6 +163,10 @@ pub(super) fn read(path: &Path, limit: u64) -> Result<Trace, TraceFileError> {
         source,
     })?;
     let gzip = gzipped(path);
+    let limit = match file.metadata() {
+        Ok(meta) if gzip => gzip_limit(meta.len(), limit),
+        _ => limit,
+    };
     let parsed = if gzip {
         parse_capped(GzDecoder::new(BufReader::new(file)), limit)
     } else {
@@ -309,6 +333,29 @@ mod tests {
             }
             other => panic!("expected too large, got {other:?}"),
         }
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// A small gzipped file that would expand far beyond what recorded traces do (here 2 KiB
+    /// of gzip for 80 MiB of JSON whitespace) is refused at 128 times its size (at least 64
+    /// MiB), before gigabytes of events could be held; before, only the 4 GiB cap applied.
+    #[test]
+    fn a_small_gzip_that_expands_a_thousandfold_is_refused() {
+        let path = scratch("bomb.json.gz");
+        let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
+        encoder.write_all(b"{\"events\": [").unwrap();
+        let spaces = vec![b' '; 1 << 20];
+        for _ in 0..80 {
+            encoder.write_all(&spaces).unwrap();
+        }
+        encoder.write_all(b"]}").unwrap();
+        let bytes = encoder.finish().unwrap();
+        std::fs::write(&path, &bytes).expect("written");
+        match read(&path, MAX_TRACE_BYTES) {
+            Err(TraceFileError::TooLarge { limit, .. }) => assert_eq!(limit, 64 << 20),
+            other => panic!("expected too large, got {other:?}"),
+        }
+        assert!(from_gz_slice(&bytes, MAX_TRACE_BYTES).is_err());
         let _ = std::fs::remove_file(&path);
     }
 

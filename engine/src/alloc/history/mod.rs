@@ -26,7 +26,7 @@ mod snapshot;
 mod trace;
 
 pub use entry::{HistoryEntry, PhaseMark, PhaseStage, TraceAction};
-pub use file::{MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceFileError};
+pub use file::{MAX_GZIP_RATIO, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceFileError};
 pub use options::{HistoryOptions, RecordMode, StackContext};
 pub(crate) use recorder::{Live, Recorder};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot};
