@@ -233,7 +233,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         self.malloc_in_with(None, size, stream, growth)
     }
 
-    /// [`malloc_with`](Self::malloc_with) for private pool `mem` (`None`: the allocator's own
+    /// [`malloc`](Self::malloc) for private pool `mem` (`None`: the allocator's own
     /// pools), with the miss path `growth`: what an integration with caches of its own above
     /// the engine calls (`Ok(None)` where `growth` stops before a step).
     pub fn malloc_in_with(
