@@ -44,7 +44,7 @@ pub use driver::{CudaDriver, CudaStream};
 pub use events::PooledEvent;
 pub use kernel::CudaKernel;
 pub use memory::CudaMemory;
-pub use nccl::{NCCL_NAMES, nccl_version};
+pub use nccl::{NCCL_ENV, NCCL_NAMES, nccl_version};
 pub use peer::CudaPeerBuffer;
 pub use probe::{cuda_available, device_count};
 pub use runtime::CachingCudaRuntime;

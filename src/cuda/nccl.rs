@@ -23,8 +23,65 @@ use cubecl_ir::{ElemType, FloatKind, IntKind, UIntKind};
 use cubecl_runtime::server::ReduceOperation;
 use parking_lot::Mutex;
 
-/// The names tried, in order.
+/// The names tried, in order, after [`NCCL_ENV`]'s path and before pip's copies.
 pub const NCCL_NAMES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
+
+/// An NCCL library to load before any other: `BURN_CACHING_ALLOC_NCCL=/path/libnccl.so.2`.
+pub const NCCL_ENV: &str = "BURN_CACHING_ALLOC_NCCL";
+
+/// What the loader tries, in order: the path `explicit` names ([`NCCL_ENV`]), NCCL's own names
+/// (found through the loader's search path), then the copies pip installs
+/// (`nvidia-nccl-cu*`: `<prefix>/lib/python3.*/{site,dist}-packages/nvidia/nccl/lib/libnccl.so.2`)
+/// under each of `prefixes` (a virtual environment, conda, `/usr/local`, `/usr`, `~/.local`),
+/// which the loader never searches.
+fn candidates(
+    explicit: Option<std::ffi::OsString>,
+    prefixes: &[std::path::PathBuf],
+) -> Vec<String> {
+    let mut names: Vec<String> = explicit
+        .map(|path| path.to_string_lossy().into_owned())
+        .into_iter()
+        .collect();
+    names.extend(NCCL_NAMES.iter().map(|name| name.to_string()));
+    for prefix in prefixes {
+        let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
+            continue;
+        };
+        let mut pythons: Vec<_> = entries
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| {
+                path.file_name()
+                    .and_then(|name| name.to_str())
+                    .is_some_and(|name| name.starts_with("python3"))
+            })
+            .collect();
+        pythons.sort();
+        for python in pythons {
+            for packages in ["site-packages", "dist-packages"] {
+                let lib = python.join(packages).join("nvidia/nccl/lib/libnccl.so.2");
+                if lib.is_file() {
+                    names.push(lib.to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    names
+}
+
+/// Where pip's NCCL may live: the active virtual environment or conda prefix, the system's
+/// prefixes and the user's.
+fn pip_prefixes() -> Vec<std::path::PathBuf> {
+    let mut prefixes: Vec<std::path::PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
+        .iter()
+        .filter_map(|var| std::env::var_os(var).map(Into::into))
+        .collect();
+    prefixes.extend(["/usr/local", "/usr"].map(std::path::PathBuf::from));
+    if let Some(home) = std::env::var_os("HOME") {
+        prefixes.push(std::path::PathBuf::from(home).join(".local"));
+    }
+    prefixes
+}
 
 /// NCCL 2.10: `ncclAvg` and `ncclBfloat16`.
 const AVG_AND_BF16: c_int = 21000;
@@ -123,7 +180,16 @@ impl std::fmt::Debug for Nccl {
 /// NCCL for the process, loaded at the first call.
 pub fn nccl() -> Result<&'static Nccl, &'static NcclMissing> {
     static LOADED: OnceLock<Result<Nccl, NcclMissing>> = OnceLock::new();
-    LOADED.get_or_init(|| Nccl::load(&NCCL_NAMES)).as_ref()
+    LOADED
+        .get_or_init(|| {
+            // Loaded once per process: the names live as long.
+            let names: Vec<&'static str> = candidates(std::env::var_os(NCCL_ENV), &pip_prefixes())
+                .into_iter()
+                .map(|name| &*Box::leak(name.into_boxed_str()))
+                .collect();
+            Nccl::load(&names)
+        })
+        .as_ref()
 }
 
 /// The name NCCL was loaded by and its version (`ncclGetVersion`, e.g. 22703 for 2.27.3), or
@@ -512,5 +578,27 @@ mod tests {
         assert!(text.contains("libnccl-nor-this.so"), "{text}");
         // The real names, in NCCL's order: the SONAME first.
         assert_eq!(NCCL_NAMES, ["libnccl.so.2", "libnccl.so"]);
+    }
+
+    /// `BURN_CACHING_ALLOC_NCCL` comes first, NCCL's names next, then pip's copies under each
+    /// prefix (`nvidia-nccl-cu*`, which the loader never finds on its own).
+    #[test]
+    fn an_explicit_path_then_nccls_names_then_pips_copies_are_tried() {
+        let root = std::env::temp_dir().join(format!("nccl-candidates-{}", std::process::id()));
+        let lib = root.join("lib/python3.11/site-packages/nvidia/nccl/lib");
+        std::fs::create_dir_all(&lib).expect("dirs");
+        std::fs::write(lib.join("libnccl.so.2"), b"").expect("file");
+        let names = candidates(Some("/opt/nccl/libnccl.so.2".into()), &[root.clone()]);
+        assert_eq!(
+            names,
+            [
+                "/opt/nccl/libnccl.so.2".to_string(),
+                "libnccl.so.2".to_string(),
+                "libnccl.so".to_string(),
+                lib.join("libnccl.so.2").to_string_lossy().into_owned(),
+            ]
+        );
+        assert_eq!(candidates(None, &[]), NCCL_NAMES.map(String::from));
+        let _ = std::fs::remove_dir_all(&root);
     }
 }
