@@ -63,25 +63,41 @@ pub fn markdown(rows: &[Row]) -> String {
     out
 }
 
+/// The segments of one stream and pool, summed.
+#[derive(Default)]
+struct Group {
+    count: usize,
+    total: u64,
+    allocated: u64,
+    requested: u64,
+    sizes: Vec<u64>,
+}
+
 /// The engine's segments now, per stream and pool (streams holding the same listed once):
 /// what the hooked side reserves.
 pub fn segments(engine: &WgpuEngine) -> String {
     let snapshot = engine.snapshot();
-    // (stream, pool) -> (segments, total, allocated, requested, sizes)
-    let mut groups: BTreeMap<(u64, String), (usize, u64, u64, u64, Vec<u64>)> = BTreeMap::new();
+    let mut groups: BTreeMap<(u64, String), Group> = BTreeMap::new();
     for segment in &snapshot.segments {
         let group = groups
             .entry((segment.stream, format!("{:?}", segment.pool)))
             .or_default();
-        group.0 += 1;
-        group.1 += segment.total_size;
-        group.2 += segment.allocated_size;
-        group.3 += segment.requested_size;
-        group.4.push(segment.total_size);
+        group.count += 1;
+        group.total += segment.total_size;
+        group.allocated += segment.allocated_size;
+        group.requested += segment.requested_size;
+        group.sizes.push(segment.total_size);
     }
     // description -> streams
     let mut streams: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for ((stream, pool), (count, total, allocated, requested, sizes)) in groups {
+    for ((stream, pool), group) in groups {
+        let Group {
+            count,
+            total,
+            allocated,
+            requested,
+            sizes,
+        } = group;
         let sizes: Vec<String> = sizes.iter().map(|&size| mib(size)).collect();
         let description = format!(
             "{pool}: {count} segments, {} MiB reserved, {} MiB allocated, {} MiB requested; \
