@@ -588,7 +588,10 @@ mod tests {
         let lib = root.join("lib/python3.11/site-packages/nvidia/nccl/lib");
         std::fs::create_dir_all(&lib).expect("dirs");
         std::fs::write(lib.join("libnccl.so.2"), b"").expect("file");
-        let names = candidates(Some("/opt/nccl/libnccl.so.2".into()), &[root.clone()]);
+        let names = candidates(
+            Some("/opt/nccl/libnccl.so.2".into()),
+            std::slice::from_ref(&root),
+        );
         assert_eq!(
             names,
             [
