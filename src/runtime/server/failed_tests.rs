@@ -10,13 +10,12 @@ use cubecl_common::bytes::Bytes;
 use cubecl_common::future::block_on;
 use cubecl_common::stream_id::StreamId;
 use cubecl_runtime::server::{
-    ComputeServer, CopyDescriptor, CubeCount, ExecutionMode, Handle, KernelArguments,
-    MetadataBindingInfo, ServerError,
+    ComputeServer, CopyDescriptor, Handle, MetadataBindingInfo, ServerError,
 };
 use proptest::prelude::*;
 
 use super::super::driver::MetadataLayout;
-use super::tests::{Harness, NoKernel, harness_on, stream};
+use super::tests::{Harness, harness_on, stream};
 use crate::device::sim::{SimCall, SimDevice};
 
 const MIB: u64 = 1 << 20;
@@ -44,21 +43,7 @@ fn read(
 
 /// A kernel over `buffers` on `on` (the recording driver runs nothing, it counts).
 fn launch(h: &mut Harness, buffers: &[&Handle], on: StreamId) {
-    let args = KernelArguments {
-        buffers: buffers.iter().map(|h| (*h).clone().binding()).collect(),
-        info: MetadataBindingInfo::new(vec![1, 2], 2),
-        tensor_maps: Vec::new(),
-    };
-    // SAFETY: the recording driver runs nothing.
-    unsafe {
-        h.server.launch(
-            Box::new(NoKernel),
-            CubeCount::Static(1, 1, 1),
-            args,
-            ExecutionMode::Checked,
-            on,
-        )
-    };
+    h.issue_launch(buffers, MetadataBindingInfo::new(vec![1, 2], 2), on);
 }
 
 fn launches(h: &Harness) -> usize {

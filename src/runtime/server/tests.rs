@@ -98,7 +98,7 @@ impl Compiler for NoCompiler {
     }
 }
 
-pub(super) struct NoKernel;
+struct NoKernel;
 
 impl KernelMetadata for NoKernel {
     fn id(&self) -> KernelId {
@@ -403,6 +403,18 @@ impl Harness {
     }
 
     fn launch(&mut self, buffers: &[&Handle], info: MetadataBindingInfo, on: StreamId) {
+        self.issue_launch(buffers, info, on);
+        self.server.flush(on).expect("the launch succeeded");
+    }
+
+    /// Issues a kernel over `buffers` on `on` without flushing: a failed launch stays queued
+    /// on the stream as its error.
+    pub(super) fn issue_launch(
+        &mut self,
+        buffers: &[&Handle],
+        info: MetadataBindingInfo,
+        on: StreamId,
+    ) {
         let args = KernelArguments {
             buffers: buffers.iter().map(|h| (*h).clone().binding()).collect(),
             info,
@@ -418,7 +430,6 @@ impl Harness {
                 on,
             )
         };
-        self.server.flush(on).expect("the launch succeeded");
     }
 
     fn waits(&self) -> usize {
