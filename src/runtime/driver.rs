@@ -134,6 +134,11 @@ pub trait Driver: Send + Sized + 'static {
     /// The API's name in the engine's process-wide registry (`"cuda"`, `"wgpu"`): a user reads
     /// the engine of device `n` there as `DeviceKey::new(NAME, n)`.
     const NAME: &'static str;
+    /// Whether every stream of this API issues its work into one device queue, in one order
+    /// (wgpu: one encoder, one submission order). Memory freed on one stream is then safe for
+    /// any other at once, so the server gives every slot the same engine stream and all of them
+    /// serve from one cache. `false` (CUDA) keeps an engine stream per slot, PyTorch's rule.
+    const SINGLE_QUEUE: bool = false;
     /// The engine's device memory for this API: segments are this API's buffers.
     type Memory: DeviceMemory;
     /// The CubeCL compiler producing this API's kernels.

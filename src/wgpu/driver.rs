@@ -264,6 +264,7 @@ impl WgpuDriver {
 
 impl Driver for WgpuDriver {
     const NAME: &'static str = "wgpu";
+    const SINGLE_QUEUE: bool = true;
     type Memory = WgpuMemory;
     type Compiler = WgslCompiler;
     type Info = wgpu::Backend;

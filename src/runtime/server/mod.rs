@@ -130,7 +130,8 @@ impl<D: Driver> CachingServer<D> {
     /// A server over an opened driver, with an engine configured by `config` over the driver's
     /// device memory ([`Driver::memory`], asked once here). CubeCL stream ids map onto
     /// `streaming.max_streams` slots of CubeCL's configuration (128 by default), as on CubeCL's
-    /// own servers. A configuration the device cannot serve is the engine's
+    /// own servers; onto one on a driver with one queue ([`Driver::SINGLE_QUEUE`]). A
+    /// configuration the device cannot serve is the engine's
     /// [`ConfigError::Unsupported`] (see [`CachingAllocator::new`]).
     pub fn new(driver: D, device: DeviceId, config: AllocatorConfig) -> Result<Self, ConfigError> {
         Self::with_device_defaults(driver, device, config, false)
@@ -229,7 +230,8 @@ impl<D: Driver> CachingServer<D> {
 
     /// The same server with CubeCL stream ids mapped onto `max_streams` slots (at least one):
     /// threads whose ids share a slot share its driver stream and its cached memory. Only
-    /// before the server's first use; afterwards the bound stays.
+    /// before the server's first use; afterwards the bound stays. A driver with one queue
+    /// ([`Driver::SINGLE_QUEUE`]) keeps one slot whatever is asked.
     pub fn with_max_streams(mut self, max_streams: usize) -> Self {
         if !self.streams.set_max_streams(max_streams) {
             log::warn!("caching allocator: max_streams is fixed once a stream was used");

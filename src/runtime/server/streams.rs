@@ -7,7 +7,10 @@
 //! ids map onto a bounded number of slots, `id % max_streams`: threads beyond that share a
 //! slot, its driver stream, its engine stream and the memory cached there, instead of each
 //! leaving a stream and its cache behind. The default bound is CubeCL's own
-//! (`streaming.max_streams` of CubeCL's configuration, 128).
+//! (`streaming.max_streams` of CubeCL's configuration, 128); on a driver with one queue
+//! (`Driver::SINGLE_QUEUE`, wgpu) it is one slot, whatever CubeCL's configuration says: every
+//! thread's work is issued in one order there, so one CubeCL pool and one engine stream serve
+//! every thread, and what follows has nothing to do.
 //!
 //! **Slot reuse** (with `cross_stream_reuse`, the default): a thread seen for the first time
 //! is given the least recently used slot whose threads have all exited (they report it:
@@ -173,7 +176,7 @@ impl<D: Driver> Streams<D> {
         Self {
             allocator,
             memory_properties,
-            max_streams: max_streams.max(1),
+            max_streams: Self::slots_for(max_streams),
             streams: HashMap::new(),
             operations: 0,
             last_look: 0,
@@ -199,8 +202,19 @@ impl<D: Driver> Streams<D> {
         if !self.streams.is_empty() {
             return false;
         }
-        self.max_streams = max_streams.max(1);
+        self.max_streams = Self::slots_for(max_streams);
         true
+    }
+
+    /// The slots `max_streams` asks for: one on a driver with one queue (every thread's work
+    /// is issued in one order there, so one CubeCL pool and one engine stream serve them all,
+    /// see `Driver::SINGLE_QUEUE`), else `max_streams` (at least one).
+    fn slots_for(max_streams: usize) -> usize {
+        if D::SINGLE_QUEUE {
+            1
+        } else {
+            max_streams.max(1)
+        }
     }
 
     /// The slot of CubeCL stream `id`: the one it was given when first seen, else CubeCL's.
@@ -426,11 +440,18 @@ impl<D: Driver> Streams<D> {
             // Without caching (`no_cuda_memory_caching`) CubeCL's exact-size reuse is bypassed
             // the same way, so that every tensor is an engine request of its own.
             let policy = policy_for(allocator);
-            let engine_stream = DeviceStream(slot as u64);
+            let slot_stream = DeviceStream(slot as u64);
+            // On a driver with one queue every slot allocates from one engine stream (see
+            // `Driver::SINGLE_QUEUE`); the driver still names its stream state after the slot.
+            let engine_stream = if D::SINGLE_QUEUE {
+                DeviceStream(0)
+            } else {
+                slot_stream
+            };
             ServerStream {
                 memory: StreamMemory::new(allocator.clone(), engine_stream, properties)
                     .with_policy(policy),
-                driver: driver.create_stream(engine_stream),
+                driver: driver.create_stream(slot_stream),
                 cursor: 0,
                 synced: SyncPoints::default(),
                 metadata: None,
