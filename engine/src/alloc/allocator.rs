@@ -497,7 +497,10 @@ impl<D: DeviceMemory> CachingAllocator<D> {
 
     /// A copy of the statistics, like `torch.cuda.memory_stats()`.
     pub fn stats(&self) -> MemoryStats {
-        self.engine.lock().stats().clone()
+        let engine = self.engine.lock();
+        let mut stats = engine.stats().clone();
+        stats.free_space = engine.free_space();
+        stats
     }
 
     /// Bytes the engine holds in device segments now (`stats().memory_reserved()`, without

@@ -70,6 +70,6 @@ pub use scope::{ScopeGuard, Tag};
 pub use size::{PoolKind, SegmentSizing, round_size, segment_size};
 pub use stack::{Frame, Stack, StackResolver};
 pub use stats::signed;
-pub use stats::{MemoryStats, Stat, StatArray};
+pub use stats::{FreeSpace, MemoryStats, PoolFree, Stat, StatArray};
 pub use summary::Summary;
 pub use units::format_bytes;

@@ -195,6 +195,77 @@ pub struct MemoryStats {
     /// Not a PyTorch statistic.
     #[serde(default)]
     pub scopes: BTreeMap<String, Stat>,
+    /// The free memory's shape when the statistics were read: per pool, the free bytes and
+    /// the largest free block, from which [`PoolFree::fragmentation`]. A reading, not a
+    /// running count (RMM's and XLA's fragmentation measure; not a PyTorch statistic).
+    #[serde(default)]
+    pub free_space: FreeSpace,
+}
+
+/// Free memory of one pool (or of both): what the engine could hand out without new device
+/// memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolFree {
+    /// Bytes in free blocks (unmapped address space of expandable segments left out; freed
+    /// blocks still waiting for another stream's event are not free yet).
+    pub free_bytes: u64,
+    /// The largest free block.
+    pub largest_free_block: u64,
+}
+
+impl PoolFree {
+    /// `1 - largest free block / free bytes`: 0 when all free memory is one block (or there
+    /// is none), near 1 when it is scattered in many small ones. A request larger than the
+    /// largest free block needs new device memory whatever the free bytes are.
+    pub fn fragmentation(&self) -> f64 {
+        if self.free_bytes == 0 {
+            0.0
+        } else {
+            1.0 - self.largest_free_block as f64 / self.free_bytes as f64
+        }
+    }
+
+    /// Counts a free block of `size` bytes.
+    pub(crate) fn add(&mut self, size: u64) {
+        self.free_bytes += size;
+        self.largest_free_block = self.largest_free_block.max(size);
+    }
+}
+
+/// [`PoolFree`] of both pools together and of each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeSpace {
+    /// Both pools.
+    pub all: PoolFree,
+    /// The small pool.
+    pub small_pool: PoolFree,
+    /// The large pool.
+    pub large_pool: PoolFree,
+}
+
+impl FreeSpace {
+    /// Counts a free block of `size` bytes of `pool`.
+    pub(crate) fn add(&mut self, pool: PoolKind, size: u64) {
+        self.all.add(size);
+        match pool {
+            PoolKind::Small => self.small_pool.add(size),
+            PoolKind::Large => self.large_pool.add(size),
+        }
+    }
+
+    fn insert_into(&self, map: &mut BTreeMap<String, i64>) {
+        for (name, pool) in [
+            ("all", &self.all),
+            ("small_pool", &self.small_pool),
+            ("large_pool", &self.large_pool),
+        ] {
+            map.insert(format!("free_bytes.{name}"), signed(pool.free_bytes));
+            map.insert(
+                format!("largest_free_block.{name}"),
+                signed(pool.largest_free_block),
+            );
+        }
+    }
 }
 
 impl MemoryStats {
@@ -267,6 +338,7 @@ impl MemoryStats {
         for (name, stat) in &self.scopes {
             stat.insert_into(&mut map, &format!("scope.{name}.allocated_bytes"));
         }
+        self.free_space.insert_into(&mut map);
         map
     }
 }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::stats::{ARRAYS, COUNTERS, MemoryStats, SINGLES, Stat, Unit};
+use super::stats::{ARRAYS, COUNTERS, FreeSpace, MemoryStats, SINGLES, Stat, Unit};
 use super::units::format_bytes;
 
 /// The table's width, borders included.
@@ -32,6 +32,32 @@ fn row(f: &mut fmt::Formatter<'_>, label: &str, stat: &Stat, unit: Unit) -> fmt:
         f,
         "| {label:<25}| {current:>11} | {peak:>11} | {allocated:>11} | {freed:>11} |"
     )
+}
+
+/// The free memory's shape when the statistics were read: free bytes, the largest free block
+/// and their fragmentation, per pool.
+fn free_space(f: &mut fmt::Formatter<'_>, free: &FreeSpace) -> fmt::Result {
+    rule(f, '-')?;
+    writeln!(
+        f,
+        "| {:<25}| {:>11} | {:>11} | {:>11} | {:>11} |",
+        "Free memory now", "Free", "Largest", "Fragmented", ""
+    )?;
+    for (label, pool) in [
+        ("Free blocks", &free.all),
+        ("      in large pool", &free.large_pool),
+        ("      in small pool", &free.small_pool),
+    ] {
+        let fragmentation = format!("{:.1} %", pool.fragmentation() * 100.0);
+        writeln!(
+            f,
+            "| {label:<25}| {:>11} | {:>11} | {fragmentation:>11} | {:>11} |",
+            format_bytes(pool.free_bytes),
+            format_bytes(pool.largest_free_block),
+            ""
+        )?;
+    }
+    Ok(())
 }
 
 impl fmt::Display for Summary<'_> {
@@ -71,6 +97,7 @@ impl fmt::Display for Summary<'_> {
         for single in &SINGLES {
             row(f, single.label, (single.get)(stats), Unit::Count)?;
         }
+        free_space(f, &stats.free_space)?;
         if !stats.scopes.is_empty() {
             rule(f, '-')?;
             writeln!(f, "| {:<81}|", "Allocated memory by scope")?;
@@ -111,6 +138,11 @@ mod tests {
         for (counter, value) in COUNTERS.iter().zip(7..) {
             *(counter.get_mut)(&mut stats) = value;
         }
+        // 3 MiB free in the large pool, at most 2 MiB of it in one block (1/3 fragmented);
+        // 1 MiB in the small pool, in one block.
+        stats.free_space.add(PoolKind::Large, 2 << 20);
+        stats.free_space.add(PoolKind::Large, 1 << 20);
+        stats.free_space.add(PoolKind::Small, 1 << 20);
         stats
     }
 

@@ -144,7 +144,10 @@ fn to_map_uses_pytorch_keys() {
     assert_eq!(map["num_stream_shares"], 0);
     assert_eq!(map["num_stream_lends"], 0);
     assert_eq!(map["num_oom_rejections"], 0);
-    assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 10);
+    // And the free memory's shape per pool (`free_space`): 17 MiB free in the large segment.
+    assert_eq!(map["free_bytes.large_pool"], 17 * mib);
+    assert_eq!(map["largest_free_block.all"], 17 * mib);
+    assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 10 + 2 * 3);
     alloc.free(a).unwrap();
 }
 
@@ -161,4 +164,77 @@ fn the_summary_table_shows_the_numbers() {
         summary.lines().all(|l| l.chars().count() == 84),
         "{summary}"
     );
+}
+
+/// The free memory's shape (`free_space`, RMM's and XLA's fragmentation: 1 - largest free
+/// block / free bytes, per pool) follows the blocks through a split, a free that leaves a hole,
+/// and the free that coalesces it, and is in `to_map` and the summary.
+#[test]
+fn free_space_reads_the_free_blocks_of_each_pool_after_split_and_coalesce() {
+    use caching_alloc_engine::alloc::PoolFree;
+    let free = |bytes, largest| PoolFree {
+        free_bytes: bytes,
+        largest_free_block: largest,
+    };
+    let (alloc, device) = allocator(1024 * MIB, "");
+    assert_eq!(alloc.stats().free_space.all, free(0, 0));
+    assert_eq!(alloc.stats().free_space.all.fragmentation(), 0.0);
+
+    // Three small blocks of one 2 MiB segment: the rest of it is one free block.
+    let a = alloc.malloc(256 * KIB, S0).unwrap();
+    let b = alloc.malloc(512 * KIB, S0).unwrap();
+    let c = alloc.malloc(256 * KIB, S0).unwrap();
+    let s = alloc.stats().free_space;
+    assert_eq!(s.small_pool, free(MIB, MIB));
+    assert_eq!(s.large_pool, free(0, 0));
+    assert_eq!(s.small_pool.fragmentation(), 0.0);
+
+    // A hole of 512 KiB beside the 1 MiB tail: a third of the free bytes are not in the
+    // largest block.
+    alloc.free(b).unwrap();
+    let s = alloc.stats().free_space;
+    assert_eq!(s.small_pool, free(MIB + 512 * KIB, MIB));
+    assert!((s.small_pool.fragmentation() - 1.0 / 3.0).abs() < 1e-12);
+    let map = alloc.stats().to_map();
+    assert_eq!(map["free_bytes.small_pool"], (MIB + 512 * KIB) as i64);
+    assert_eq!(map["largest_free_block.small_pool"], MIB as i64);
+    assert_eq!(map["largest_free_block.all"], MIB as i64);
+    assert!(
+        alloc.summary().contains(
+            "|       in small pool      |    1.50 MiB |    1.00 MiB |      33.3 % |             |"
+        ),
+        "{}",
+        alloc.summary()
+    );
+
+    // Freeing `c` merges the hole, `c` and the tail into one block: no fragmentation.
+    alloc.free(c).unwrap();
+    let s = alloc.stats().free_space;
+    assert_eq!(s.small_pool, free(2 * MIB - 256 * KIB, 2 * MIB - 256 * KIB));
+    assert_eq!(s.small_pool.fragmentation(), 0.0);
+
+    // A large block: its 20 MiB segment's remainder is free in the large pool; `all` sums both
+    // pools and takes the larger block.
+    let d = alloc.malloc(3 * MIB, S0).unwrap();
+    let s = alloc.stats().free_space;
+    assert_eq!(s.large_pool, free(17 * MIB, 17 * MIB));
+    assert_eq!(s.all, free(17 * MIB + 2 * MIB - 256 * KIB, 17 * MIB));
+    alloc.free(a).unwrap();
+    alloc.free(d).unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().free_space.all, free(0, 0));
+    check_invariants(&alloc, &device);
+}
+
+/// Unmapped address space of an expandable segment is not free memory: only the mapped pages
+/// a free block spans count.
+#[test]
+fn free_space_leaves_out_what_an_expandable_segment_has_not_mapped() {
+    let (alloc, _device) = allocator(1024 * MIB, "expandable_segments:True");
+    let a = alloc.malloc(3 * MIB, S0).unwrap();
+    let s = alloc.stats().free_space;
+    // One 20 MiB page mapped for a 3 MiB block: 17 MiB of it free, however large the range.
+    assert_eq!(s.large_pool.free_bytes, 17 * MIB);
+    assert_eq!(s.large_pool.largest_free_block, 17 * MIB);
+    alloc.free(a).unwrap();
 }

@@ -24,7 +24,13 @@ pub(crate) fn rendered_dom(page: &std::path::Path) -> Option<String> {
         println!("skipped: {browser} is not installed (the viewer is checked in a real browser)");
         return None;
     }
-    let profile = std::env::temp_dir().join(format!("viewer-profile-{}", std::process::id()));
+    // A profile per page: two tests of one process rendering at once must not share one
+    // (chromium refuses a profile another instance holds).
+    let stem = page
+        .file_stem()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let profile =
+        std::env::temp_dir().join(format!("viewer-profile-{}-{stem}", std::process::id()));
     let output = Command::new(&browser)
         .args([
             "--headless",
@@ -116,6 +122,21 @@ fn the_viewer_renders_in_chromium_and_shows_the_stats() {
         attribute(&dom, "data-key=\"num_ooms\"", "data-count"),
         stats.num_ooms.to_string()
     );
+    // Fragmentation of the free memory, as `free_space` reads it.
+    let free = alloc.stats().free_space;
+    for (key, pool) in [
+        ("all", free.all),
+        ("large_pool", free.large_pool),
+        ("small_pool", free.small_pool),
+    ] {
+        let shown = attribute(
+            &dom,
+            &format!("data-key=\"fragmentation.{key}\""),
+            "data-ppm",
+        );
+        let ppm = (pool.fragmentation() * 1e6).round() as u64;
+        assert_eq!(shown, ppm.to_string(), "fragmentation row {key}");
+    }
     assert_eq!(
         attribute(&dom, "data-key=\"layer\"", "data-bytes"),
         (3 * MIB).to_string()

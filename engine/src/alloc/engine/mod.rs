@@ -63,7 +63,7 @@ use sharing::StreamTable;
 /// 1.5 KiB of vectors for each group of 64 sizes a stream lists); larger free blocks live in
 /// an ordered map.
 const LARGE_CLASS_LIMIT: u64 = 32 * MIB;
-use crate::alloc::stats::MemoryStats;
+use crate::alloc::stats::{FreeSpace, MemoryStats};
 use crate::device::{DeviceMemory, DeviceStream};
 
 pub(crate) struct Engine<D: DeviceMemory> {
@@ -203,6 +203,18 @@ impl<D: DeviceMemory> Engine<D> {
     /// The statistics.
     pub(super) fn stats(&self) -> &MemoryStats {
         &self.stats
+    }
+
+    /// The free memory's shape now (a walk of every block: for readings).
+    pub(super) fn free_space(&self) -> FreeSpace {
+        let mut free = FreeSpace::default();
+        for (_, block) in self.blocks.iter() {
+            // Unmapped address space of expandable segments is not memory.
+            if block.state == BlockState::Inactive && block.is_mapped() {
+                free.add(self.blocks.segment(block.segment()).pool, block.size());
+            }
+        }
+        free
     }
 
     /// The statistics, for resetting peaks and counters.

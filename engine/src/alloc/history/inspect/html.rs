@@ -15,6 +15,7 @@ use crate::alloc::block::BlockState;
 use crate::alloc::history::Snapshot;
 use crate::alloc::history::{HistoryEntry, PhaseStage, TraceAction};
 use crate::alloc::stack::{Stack, StackResolver};
+use crate::alloc::stats::FreeSpace;
 
 /// A cache above the engine (CubeCL's layer), shown with the engine's numbers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,14 +171,36 @@ fn data(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> Value {
         })
         .collect();
     let stats = &snapshot.stats;
-    let largest_free = snapshot
-        .segments
-        .iter()
-        .flat_map(|s| &s.blocks)
-        .filter(|b| b.state == BlockState::Inactive)
-        .map(|b| b.size)
-        .max()
-        .unwrap_or(0);
+    // The free memory's shape, from the segments (a snapshot read from a file has no
+    // `free_space`; its segments are what it says).
+    let mut free = FreeSpace::default();
+    for segment in &snapshot.segments {
+        for block in segment
+            .blocks
+            .iter()
+            .filter(|b| b.state == BlockState::Inactive)
+        {
+            free.add(segment.pool, block.size);
+        }
+    }
+    let largest_free = free.all.largest_free_block;
+    let fragmentation: Vec<_> = [
+        ("all", "Fragmentation of the free memory", &free.all),
+        ("large_pool", "      in the large pool", &free.large_pool),
+        ("small_pool", "      in the small pool", &free.small_pool),
+    ]
+    .iter()
+    .map(|(key, label, pool)| {
+        json!([
+            key,
+            label,
+            // Parts per million, an integer the page shows as a percentage.
+            (pool.fragmentation() * 1e6).round() as u64,
+            pool.free_bytes,
+            pool.largest_free_block
+        ])
+    })
+    .collect();
     let summary = json!([
         [
             "allocated",
@@ -270,6 +293,7 @@ fn data(snapshot: &Snapshot, title: &str, layers: &[ViewerLayer]) -> Value {
         "title": title,
         "summary": summary,
         "counts": counts,
+        "fragmentation": fragmentation,
         "layers": layers.iter().map(|l| json!([l.name, l.bytes])).collect::<Vec<_>>(),
         "timeline": timeline(snapshot),
         "entries": snapshot.history.len(),

@@ -48,6 +48,13 @@
     node('td', { text: human(bytes) }, tr);
     node('td', { class: 'exact', text: bytes + ' bytes' }, tr);
   }
+  // 1 - largest free block / free bytes, per pool.
+  for (const [key, label, ppm, free, largest] of data.fragmentation) {
+    const tr = node('tr', { 'data-key': 'fragmentation.' + key, 'data-ppm': ppm }, table);
+    node('th', { text: label }, tr);
+    node('td', { text: (ppm / 1e4).toFixed(1) + ' %' }, tr);
+    node('td', { class: 'exact', text: human(free) + ' free, largest block ' + human(largest) }, tr);
+  }
   for (const [key, label, count] of data.counts) {
     const tr = node('tr', { 'data-key': key, 'data-count': count }, table);
     node('th', { text: label }, tr);
