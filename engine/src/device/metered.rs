@@ -191,6 +191,14 @@ impl<D: DeviceMemory> DeviceMemory for Metered<D> {
         self.device.release_event(event)
     }
 
+    fn wait_event(&mut self, stream: DeviceStream, event: &Self::Event) -> Result<(), DeviceError> {
+        self.device.wait_event(stream, event)
+    }
+
+    fn waits_on_device(&self) -> bool {
+        self.device.waits_on_device()
+    }
+
     fn max_segment_size(&self) -> Option<u64> {
         self.device.max_segment_size()
     }

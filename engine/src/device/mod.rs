@@ -113,6 +113,24 @@ pub trait DeviceMemory: Send + 'static {
     fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), DeviceError>;
     /// Hands an event back once the engine no longer needs it.
     fn release_event(&mut self, event: Self::Event);
+    /// Makes the work `stream` issues from now on wait, on the device, for the work before
+    /// `event` (CUDA's `cuStreamWaitEvent`), without blocking the host. The engine uses it to
+    /// hand `stream` memory another stream's queued work may still use. The default is
+    /// [`DeviceError::Unsupported`]: the engine then waits for such memory's events to
+    /// complete instead. A device with one queue, where every stream's work runs in one order
+    /// anyway, returns `Ok`.
+    fn wait_event(&mut self, stream: DeviceStream, event: &Self::Event) -> Result<(), DeviceError> {
+        let _ = (stream, event);
+        Err(DeviceError::Unsupported(
+            "device-side waits between streams",
+        ))
+    }
+    /// Whether [`wait_event`](Self::wait_event) makes streams wait on the device (`false`, the
+    /// default, where it is unsupported). Asked by the engine before it picks memory whose
+    /// handing over would need such a wait.
+    fn waits_on_device(&self) -> bool {
+        false
+    }
     /// The largest single segment the device can hold, if it has such a limit. A property of
     /// the device: the engine asks once, when it is created.
     fn max_segment_size(&self) -> Option<u64> {

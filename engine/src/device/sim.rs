@@ -44,6 +44,8 @@ pub struct SimCounters {
     pub events_queried: u64,
     /// `synchronize_event` calls.
     pub events_synchronized: u64,
+    /// `wait_event` calls that made a stream wait (see [`SimDevice::with_device_waits`]).
+    pub events_waited: u64,
     /// `memory_info` calls.
     pub memory_info_calls: u64,
     /// Calls failed by [`SimDevice::fail_next`] (injected driver errors that fired).
@@ -69,10 +71,12 @@ pub enum SimCall {
     Unmap,
     /// [`DeviceMemory::memory_info`]: the device cannot say how much memory it has.
     MemoryInfo,
+    /// [`DeviceMemory::wait_event`]: the stream does not wait.
+    WaitEvent,
 }
 
 /// The number of [`SimCall`] kinds.
-const SIM_CALLS: usize = 7;
+const SIM_CALLS: usize = 8;
 
 impl SimCall {
     fn index(self) -> usize {
@@ -84,6 +88,7 @@ impl SimCall {
             SimCall::Allocate => 4,
             SimCall::Unmap => 5,
             SimCall::MemoryInfo => 6,
+            SimCall::WaitEvent => 7,
         }
     }
 }
@@ -99,6 +104,9 @@ pub const INJECTED_PANIC: &str = "injected panic";
 pub struct SimEvent {
     stream: DeviceStream,
     sequence: u64,
+    /// Per stream, the newest event sequence whose work comes before this event (its own
+    /// stream's, and what that stream had waited for): a vector clock.
+    clock: BTreeMap<DeviceStream, u64>,
 }
 
 #[derive(Debug)]
@@ -129,6 +137,11 @@ struct SimState {
     /// Per stream: the last event sequence recorded and the last completed.
     recorded: BTreeMap<DeviceStream, u64>,
     completed: BTreeMap<DeviceStream, u64>,
+    /// Whether streams can wait for each other's events on the device.
+    device_waits: bool,
+    /// Per stream, the newest event sequence of each other stream its work comes after (by
+    /// waits, directly or through a stream that waited): a vector clock.
+    clocks: BTreeMap<DeviceStream, BTreeMap<DeviceStream, u64>>,
 }
 
 impl SimState {
@@ -195,6 +208,8 @@ impl SimDevice {
                 armed_panics: Default::default(),
                 recorded: BTreeMap::new(),
                 completed: BTreeMap::new(),
+                device_waits: false,
+                clocks: BTreeMap::new(),
             })),
         }
     }
@@ -204,6 +219,36 @@ impl SimDevice {
     pub fn without_virtual_memory(self) -> Self {
         self.state.lock().virtual_memory = false;
         self
+    }
+
+    /// A device whose streams can wait for each other's events on the device, like CUDA's
+    /// (`wait_event` is then `Ok`; otherwise it is [`DeviceError::Unsupported`]).
+    pub fn with_device_waits(self) -> Self {
+        self.state.lock().device_waits = true;
+        self
+    }
+
+    /// The sequence of the last event recorded on `stream` (0 before the first): an event of
+    /// a later sequence comes after everything `stream` did so far.
+    pub fn last_recorded(&self, stream: DeviceStream) -> u64 {
+        self.state
+            .lock()
+            .recorded
+            .get(&stream)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The newest event sequence of `stream` that `waiter`'s work from now on comes after (0
+    /// if none), by device waits: directly, or through streams that waited (a vector clock).
+    pub fn waited_for(&self, waiter: DeviceStream, stream: DeviceStream) -> u64 {
+        let state = self.state.lock();
+        state
+            .clocks
+            .get(&waiter)
+            .and_then(|clock| clock.get(&stream))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Limits the size of one segment, like a backend with a maximum buffer size.
@@ -422,7 +467,14 @@ impl DeviceMemory for SimDevice {
         state.counters.events_recorded += 1;
         let sequence = state.recorded.get(&stream).copied().unwrap_or(0) + 1;
         state.recorded.insert(stream, sequence);
-        Ok(SimEvent { stream, sequence })
+        let clock = state.clocks.entry(stream).or_default();
+        clock.insert(stream, sequence);
+        let clock = clock.clone();
+        Ok(SimEvent {
+            stream,
+            sequence,
+            clock,
+        })
     }
 
     fn query_event(&mut self, event: &SimEvent) -> Result<bool, DeviceError> {
@@ -442,6 +494,27 @@ impl DeviceMemory for SimDevice {
     }
 
     fn release_event(&mut self, _event: SimEvent) {}
+
+    fn wait_event(&mut self, stream: DeviceStream, event: &SimEvent) -> Result<(), DeviceError> {
+        let mut state = self.state.lock();
+        if !state.device_waits {
+            return Err(DeviceError::Unsupported(
+                "device-side waits between streams",
+            ));
+        }
+        state.injected(SimCall::WaitEvent)?;
+        state.counters.events_waited += 1;
+        let clock = state.clocks.entry(stream).or_default();
+        for (&other, &sequence) in &event.clock {
+            let known = clock.entry(other).or_insert(0);
+            *known = (*known).max(sequence);
+        }
+        Ok(())
+    }
+
+    fn waits_on_device(&self) -> bool {
+        self.state.lock().device_waits
+    }
 
     fn max_segment_size(&self) -> Option<u64> {
         self.state.lock().max_segment_size

@@ -513,6 +513,7 @@ mod lending_random {
         Complete { stream: u64 },
         FailQuery,
         FailRecord,
+        FailWait,
         EmptyCache,
     }
 
@@ -524,8 +525,92 @@ mod lending_random {
             2 => (0u64..3).prop_map(|stream| Op::Complete { stream }),
             1 => Just(Op::FailQuery),
             1 => Just(Op::FailRecord),
+            1 => Just(Op::FailWait),
             1 => Just(Op::EmptyCache),
         ]
+    }
+
+    /// Runs `ops`, checking after every request that no other stream's work may still use
+    /// the block it got, unless (`waits`) the device made the requester wait for an event
+    /// recorded on that stream after the free.
+    fn run(ops: Vec<Op>, waits: bool) -> Result<(), TestCaseError> {
+        let device = SimDevice::new(96 * MIB);
+        let device = if waits {
+            device.with_device_waits()
+        } else {
+            device
+        };
+        let config = caching_alloc_engine::alloc::AllocatorConfig::parse(
+            "segment_sizing:grow,pool_borrowing:true,cross_stream_reuse:true,cross_stream_lending:true,release_outgrown:true",
+        )
+        .unwrap();
+        let alloc = CachingAllocator::new(device.clone(), config).unwrap();
+        // Live allocations with the stream they were requested on.
+        let mut live = Vec::new();
+        // Freed ranges whose stream's work may still use them: (start, end, stream, the
+        // stream's last event sequence at the free).
+        let mut busy: Vec<(u64, u64, u64, u64)> = Vec::new();
+        for op in ops {
+            let (frees, syncs) = (device.counters().frees, alloc.stats().num_sync_all_streams);
+            match op {
+                Op::Malloc { size, stream } => {
+                    if let Ok(block) = alloc.malloc(size, DeviceStream(stream)) {
+                        live.push((block, stream));
+                    }
+                }
+                Op::Free { index } if !live.is_empty() => {
+                    let (block, stream) = live.swap_remove(index % live.len());
+                    let recorded = device.last_recorded(DeviceStream(stream));
+                    busy.push((
+                        block.address(),
+                        block.address() + block.size(),
+                        stream,
+                        recorded,
+                    ));
+                    // A lent block's free records an event on its stream; a failed record
+                    // is an error and the block waits (the next call records it again).
+                    let _ = alloc.free(block);
+                }
+                Op::Free { .. } => {}
+                Op::Complete { stream } => {
+                    device.complete_events(DeviceStream(stream));
+                    busy.retain(|&(_, _, s, _)| s != stream);
+                }
+                Op::FailQuery => device.fail_next(SimCall::QueryEvent),
+                Op::FailRecord => device.fail_next(SimCall::RecordEvent),
+                Op::FailWait => device.fail_next(SimCall::WaitEvent),
+                Op::EmptyCache => {
+                    let _ = alloc.empty_cache();
+                }
+            }
+            if device.counters().frees > frees || alloc.stats().num_sync_all_streams > syncs {
+                busy.clear();
+            }
+            if let Some((block, stream)) = live.last()
+                && matches!(op, Op::Malloc { .. })
+            {
+                let (start, end) = (block.address(), block.address() + block.size());
+                for &(s, e, other, recorded) in &busy {
+                    let ordered =
+                        device.waited_for(DeviceStream(*stream), DeviceStream(other)) > recorded;
+                    prop_assert!(
+                        other == *stream || end <= s || e <= start || ordered,
+                        "stream {stream} was given [{start:#x}, {end:#x}) while stream \
+                         {other}'s work may still use [{s:#x}, {e:#x}), with no wait for it"
+                    );
+                }
+            }
+            check_invariants(&alloc, &device);
+        }
+        for (block, _) in live {
+            let _ = alloc.free(block); // may meet one armed record failure
+        }
+        device.complete_all_events();
+        let _ = alloc.empty_cache(); // may meet one armed failure
+        device.complete_all_events();
+        alloc.empty_cache().unwrap();
+        prop_assert_eq!(device.bytes_in_use(), 0);
+        Ok(())
     }
 
     proptest! {
@@ -535,67 +620,16 @@ mod lending_random {
         fn no_stream_is_given_memory_another_streams_work_may_still_use(
             ops in prop::collection::vec(op(), 1..120)
         ) {
-            let (alloc, device) = allocator(
-                96 * MIB,
-                "segment_sizing:grow,pool_borrowing:true,cross_stream_reuse:true,cross_stream_lending:true,release_outgrown:true",
-            );
-            // Live allocations with the stream they were requested on.
-            let mut live = Vec::new();
-            // Freed ranges whose stream's work may still use them: (start, end, stream).
-            let mut busy: Vec<(u64, u64, u64)> = Vec::new();
-            for op in ops {
-                let (frees, syncs) = (device.counters().frees, alloc.stats().num_sync_all_streams);
-                match op {
-                    Op::Malloc { size, stream } => {
-                        if let Ok(block) = alloc.malloc(size, DeviceStream(stream)) {
-                            live.push((block, stream));
-                        }
-                    }
-                    Op::Free { index } if !live.is_empty() => {
-                        let (block, stream) = live.swap_remove(index % live.len());
-                        busy.push((block.address(), block.address() + block.size(), stream));
-                        // A lent block's free records an event on its stream; a failed record
-                        // is an error and the block waits (the next call records it again).
-                        let _ = alloc.free(block);
-                    }
-                    Op::Free { .. } => {}
-                    Op::Complete { stream } => {
-                        device.complete_events(DeviceStream(stream));
-                        busy.retain(|&(_, _, s)| s != stream);
-                    }
-                    Op::FailQuery => device.fail_next(SimCall::QueryEvent),
-                    Op::FailRecord => device.fail_next(SimCall::RecordEvent),
-                    Op::EmptyCache => {
-                        let _ = alloc.empty_cache();
-                    }
-                }
-                if device.counters().frees > frees
-                    || alloc.stats().num_sync_all_streams > syncs
-                {
-                    busy.clear();
-                }
-                if let Some((block, stream)) = live.last()
-                    && matches!(op, Op::Malloc { .. })
-                {
-                    let (start, end) = (block.address(), block.address() + block.size());
-                    for &(s, e, other) in &busy {
-                        prop_assert!(
-                            other == *stream || end <= s || e <= start,
-                            "stream {stream} was given [{start:#x}, {end:#x}) while stream \
-                             {other}'s work may still use [{s:#x}, {e:#x})"
-                        );
-                    }
-                }
-                check_invariants(&alloc, &device);
-            }
-            for (block, _) in live {
-                let _ = alloc.free(block); // may meet one armed record failure
-            }
-            device.complete_all_events();
-            let _ = alloc.empty_cache(); // may meet one armed failure
-            device.complete_all_events();
-            alloc.empty_cache().unwrap();
-            prop_assert_eq!(device.bytes_in_use(), 0);
+            run(ops, false)?;
+        }
+
+        /// On a device with waits between streams, memory behind another stream's pending
+        /// work is handed over only behind a wait for an event recorded there after the free.
+        #[test]
+        fn with_device_waits_no_stream_uses_memory_of_another_streams_work_before_waiting_for_it(
+            ops in prop::collection::vec(op(), 1..120)
+        ) {
+            run(ops, true)?;
         }
     }
 }
@@ -735,4 +769,80 @@ fn blocks_of_expandable_segments_are_never_lent_after_expandable_segments_is_tur
     // The engine's self-check (the suite's recount assumes one setting throughout).
     alloc.check_invariants().unwrap();
     drop(device);
+}
+
+/// An allocator as `allocator` makes, over a device whose streams can wait for each other on
+/// the device (as CUDA's can: `cuStreamWaitEvent`).
+fn allocator_with_waits(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, SimDevice) {
+    let device = SimDevice::new(capacity).with_device_waits();
+    let config = caching_alloc_engine::alloc::AllocatorConfig::parse(&format!(
+        "{config},segment_sizing:pytorch,pool_borrowing:false,release_outgrown:false"
+    ))
+    .unwrap();
+    (
+        CachingAllocator::new(device.clone(), config).unwrap(),
+        device,
+    )
+}
+
+/// Where the device can make a stream wait for another (RMM's stream-ordered pool takes another
+/// stream's free block behind `cudaStreamWaitEvent`), a segment freed behind pending work is
+/// handed to the missing stream at once: the engine records an event on the lender after the
+/// free and makes the requester wait for it on the device, instead of asking the lender's
+/// fence and allocating new memory while it is pending (the test above, on a device without
+/// such waits).
+#[test]
+fn with_device_waits_a_segment_freed_behind_pending_work_is_taken_behind_a_wait() {
+    let (alloc, device) = allocator_with_waits(64 * MIB, SHARING);
+    let a = alloc.malloc(MIB, S0).unwrap();
+    let a_address = a.address();
+    alloc.free(a).unwrap();
+    let freed_after = device.last_recorded(S0);
+
+    // Nothing of stream 0 has completed; stream 1's miss takes its segment all the same.
+    let b = alloc.malloc(MIB, S1).unwrap();
+    assert_eq!(b.address(), a_address);
+    assert_eq!(b.stream(), S1);
+    let counters = device.counters();
+    assert_eq!(counters.allocs, 1, "no new segment");
+    assert_eq!(counters.events_waited, 1);
+    assert!(
+        device.waited_for(S1, S0) > freed_after,
+        "stream 1 waits for an event recorded on stream 0 after the free"
+    );
+    assert_eq!(alloc.stats().num_stream_shares, 1);
+    assert_eq!(segment_streams(&alloc), vec![1]);
+    check_invariants(&alloc, &device);
+
+    // A failed wait leaves the segment where it is: the request gets new memory (both waits
+    // fail: for the whole segment, then for lending its block).
+    alloc.free(b).unwrap();
+    device.fail_nth(caching_alloc_engine::device::sim::SimCall::WaitEvent, 1);
+    device.fail_nth(caching_alloc_engine::device::sim::SimCall::WaitEvent, 2);
+    let c = alloc.malloc(MIB, S0).unwrap();
+    assert_ne!(c.address(), a_address);
+    assert_eq!(device.counters().allocs, 2);
+    assert_eq!(segment_streams(&alloc), vec![1, 0]);
+    alloc.free(c).unwrap();
+    check_invariants(&alloc, &device);
+}
+
+/// With device waits, a busy stream's free small-pool room is lent behind a wait as well (under
+/// the same limits as without: only to a stream with no segment of the pool, only room the
+/// lender's own use never needed), and the loan's free is recorded on the borrower's stream.
+#[test]
+fn with_device_waits_a_busy_streams_room_is_lent_behind_a_wait() {
+    let (alloc, device) = allocator_with_waits(64 * MIB, LENDING);
+    let keep = alloc.malloc(512, S0).unwrap();
+    let freed = alloc.malloc(64 * KIB, S0).unwrap();
+    alloc.free(freed).unwrap();
+    let freed_after = device.last_recorded(S0);
+    let lent = alloc.malloc(100 * KIB, S1).unwrap();
+    assert_eq!(lent.stream(), S0, "the block stays stream 0's");
+    assert_eq!(alloc.stats().num_stream_lends, 1);
+    assert_eq!(device.counters().allocs, 1);
+    assert!(device.waited_for(S1, S0) > freed_after);
+    alloc.free(lent).unwrap();
+    alloc.free(keep).unwrap();
+    check_invariants(&alloc, &device);
 }

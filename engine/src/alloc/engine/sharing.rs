@@ -26,10 +26,20 @@
 //! most the count of A's last completed fence may go to another stream. A stream records its
 //! fence when it becomes idle (its last live block freed), so that by the time another stream
 //! misses the event has long completed; a miss that finds a candidate newer than the last
-//! fence records one (if none is pending) and asks it once. Events are only queried, never
-//! waited for: a busy stream's segment is never taken before its work is done, and a miss
-//! whose candidates are all behind pending fences allocates as before. Fences are recorded
-//! only once the engine has seen two streams: a single-stream workload pays nothing.
+//! fence records one (if none is pending) and asks it once. Fences are recorded only once the
+//! engine has seen two streams: a single-stream workload pays nothing.
+//!
+//! **Waiting on the device** (CUDA, [`DeviceMemory::waits_on_device`]): a candidate whose last
+//! free is not behind a completed fence is still taken, as RMM's stream-ordered pool takes
+//! another stream's block (`get_block_from_other_stream` behind `cudaStreamWaitEvent`): the
+//! engine records an event on the lender now and makes the requester wait for it on the
+//! device, so the requester's work on the block runs after the lender's; the host never
+//! blocks. A segment moved that way counts as freed on its new stream at the move, so that a
+//! third stream takes it only behind the new stream's fence or wait, which comes after the
+//! wait (a vector-clock property test checks the order transitively). A wait that cannot be
+//! set up leaves the block where it is. On a device without such waits, events are only
+//! queried: a busy stream's segment is never taken before its work is done, and a miss whose
+//! candidates are all behind pending fences allocates new memory.
 //!
 //! **Lending**: where no wholly free segment fits, a miss is lent the best free *block*
 //! another stream cached whose last free is behind completed work (the same fences), without
@@ -71,6 +81,12 @@ use crate::device::{DeviceMemory, DeviceStream};
 /// also holds the split blocks of its live segments, which never move, and a miss should not
 /// walk them all.
 const BUSY_STREAM_CANDIDATES: usize = 16;
+
+/// A stream's candidate for another stream's request: its size and address (best fit takes
+/// the smallest, then the lowest), the block, and whether handing it over needs the requester
+/// to wait on the device for the lender's queued work (its last free is not behind a
+/// completed fence yet).
+type Candidate = (u64, u64, BlockId, bool);
 
 /// What the engine knows of one stream, for sharing its cache.
 pub(crate) struct StreamState<E> {
@@ -305,15 +321,59 @@ impl<D: DeviceMemory> Engine<D> {
         let best = self.best_of_other_streams(stream, |engine, i, idle| {
             engine.shareable_segment(i, pool, rounded, limit, idle)
         });
-        if let Some(block) = best {
-            self.unlist(block);
-            self.blocks.set_stream(block, stream);
-            // Its old stream's work on it is done (its fence passed): no free of the new
-            // stream's is behind it.
-            self.blocks[block].freed_at = 0;
-            self.stats.num_stream_shares += 1;
+        let Some((block, waited)) = self.hand_over(best, stream) else {
+            return Ok(None);
+        };
+        self.unlist(block);
+        self.blocks.set_stream(block, stream);
+        self.blocks[block].freed_at = if waited {
+            // The old stream's work may still use it: only the new stream is ordered after
+            // that work (by its wait), so for every other stream the segment counts as freed
+            // on the new stream now, behind the wait: a third stream takes it (or a part of
+            // it) only after a fence or a wait on the new stream, which comes after the old
+            // stream's work.
+            let i = self.streams.index(stream);
+            self.streams.streams[i].frees += 1;
+            self.streams.streams[i].frees
+        } else {
+            // Its old stream's work on it is done (its fence passed).
+            0
+        };
+        self.stats.num_stream_shares += 1;
+        Ok(Some(block))
+    }
+
+    /// The block of the winning candidate `best` (of lender stream index `.0`), once
+    /// `requester` may use it: at once when the lender's fence covers its last free, else
+    /// after `requester` was made to wait on the device for an event recorded on the lender
+    /// now (RMM's stream-ordered pool takes another stream's block behind
+    /// `cudaStreamWaitEvent` the same way), with whether it waited. `None` when that wait could
+    /// not be set up: the block stays where it is, and the request goes on to new memory.
+    fn hand_over(
+        &mut self,
+        best: Option<(usize, Candidate)>,
+        requester: DeviceStream,
+    ) -> Option<(BlockId, bool)> {
+        let (lender, (_, _, block, wait)) = best?;
+        if !wait {
+            return Some((block, false));
         }
-        Ok(best)
+        let stream = self.streams.streams[lender].stream;
+        let waited = self.device.record_event(stream).and_then(|event| {
+            let waited = self.device.wait_event(requester, &event);
+            self.device.release_event(event);
+            waited
+        });
+        match waited {
+            Ok(()) => Some((block, true)),
+            Err(err) => {
+                log::warn!(
+                    "caching allocator: {requester} cannot wait for {stream}'s work ({err}); \
+                     its cache stays with it"
+                );
+                None
+            }
+        }
     }
 
     /// Stream `i`'s best wholly free segment for a request of `rounded` bytes that its fences
@@ -326,7 +386,7 @@ impl<D: DeviceMemory> Engine<D> {
         rounded: u64,
         limit: u64,
         idle: bool,
-    ) -> Result<Option<(u64, u64, BlockId)>, AllocError> {
+    ) -> Result<Option<Candidate>, AllocError> {
         let stream = self.streams.streams[i].stream;
         let list = self.free_list_ref(pool);
         let mut next = list.best_fit(stream, rounded);
@@ -351,10 +411,13 @@ impl<D: DeviceMemory> Engine<D> {
         };
         let stamp = self.blocks[block].freed_at;
         if stamp <= self.poll_fence(i)? {
-            return Ok(Some((size, address, block)));
+            return Ok(Some((size, address, block, false)));
+        }
+        if self.device.waits_on_device() {
+            return Ok(Some((size, address, block, true)));
         }
         self.record_fence(i)?;
-        Ok((stamp <= self.poll_fence(i)?).then_some((size, address, block)))
+        Ok((stamp <= self.poll_fence(i)?).then_some((size, address, block, false)))
     }
 
     /// Lends `stream` the best free block (smallest, then lowest address; idle streams first)
@@ -398,11 +461,12 @@ impl<D: DeviceMemory> Engine<D> {
             }
             engine.lendable_block(i, pool, rounded, idle)
         });
-        if let Some(block) = best {
-            self.unlist(block);
-            self.stats.num_stream_lends += 1;
-        }
-        best
+        // A lent block stays its stream's, and its free waits for the borrower's work (the use
+        // is recorded): no stamp to move.
+        let (block, _) = self.hand_over(best, stream)?;
+        self.unlist(block);
+        self.stats.num_stream_lends += 1;
+        Some(block)
     }
 
     /// The best candidate (smallest, then lowest address) that `candidate` finds on a stream
@@ -413,14 +477,10 @@ impl<D: DeviceMemory> Engine<D> {
     fn best_of_other_streams(
         &mut self,
         stream: DeviceStream,
-        mut candidate: impl FnMut(
-            &mut Self,
-            usize,
-            bool,
-        ) -> Result<Option<(u64, u64, BlockId)>, AllocError>,
-    ) -> Option<BlockId> {
+        mut candidate: impl FnMut(&mut Self, usize, bool) -> Result<Option<Candidate>, AllocError>,
+    ) -> Option<(usize, Candidate)> {
         for idle in [true, false] {
-            let mut best: Option<(u64, u64, BlockId)> = None;
+            let mut best: Option<(usize, Candidate)> = None;
             for i in 0..self.streams.streams.len() {
                 let state = &self.streams.streams[i];
                 if state.stream == stream || (state.live == 0) != idle {
@@ -433,13 +493,13 @@ impl<D: DeviceMemory> Engine<D> {
                     None
                 });
                 if let Some(found) = found
-                    && best.is_none_or(|b| (found.0, found.1) < (b.0, b.1))
+                    && best.is_none_or(|(_, b)| (found.0, found.1) < (b.0, b.1))
                 {
-                    best = Some(found);
+                    best = Some((i, found));
                 }
             }
-            if let Some((_, _, block)) = best {
-                return Some(block);
+            if best.is_some() {
+                return best;
             }
         }
         None
@@ -455,7 +515,7 @@ impl<D: DeviceMemory> Engine<D> {
         pool: PoolKind,
         rounded: u64,
         idle: bool,
-    ) -> Result<Option<(u64, u64, BlockId)>, AllocError> {
+    ) -> Result<Option<Candidate>, AllocError> {
         let stream = self.streams.streams[i].stream;
         let list = self.free_list_ref(pool);
         let mut next = list.best_fit(stream, rounded);
@@ -474,13 +534,16 @@ impl<D: DeviceMemory> Engine<D> {
             }
             let stamp = self.blocks[block].freed_at;
             if stamp <= self.poll_fence(i)? {
-                return Ok(Some((size, self.blocks.address(block), block)));
+                return Ok(Some((size, self.blocks.address(block), block, false)));
+            }
+            if self.device.waits_on_device() {
+                return Ok(Some((size, self.blocks.address(block), block, true)));
             }
             if !fenced {
                 self.record_fence(i)?;
                 fenced = true;
                 if stamp <= self.poll_fence(i)? {
-                    return Ok(Some((size, self.blocks.address(block), block)));
+                    return Ok(Some((size, self.blocks.address(block), block, false)));
                 }
             }
             visited += 1;
