@@ -185,6 +185,16 @@ impl DeviceMemory for CudaMemory {
         drop(event);
     }
 
+    fn wait_event(&mut self, stream: DeviceStream, event: &Self::Event) -> Result<(), DeviceError> {
+        let raw = self.streams.get_or_create(stream)?;
+        // SAFETY: `raw` is a live stream of this context, kept alive by the stream table.
+        unsafe { event.wait_on(raw) }
+    }
+
+    fn waits_on_device(&self) -> bool {
+        true
+    }
+
     fn virtual_memory_granularity(&self) -> Option<u64> {
         self.virtual_ranges.granularity()
     }

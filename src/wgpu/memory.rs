@@ -140,6 +140,15 @@ impl DeviceMemory for WgpuMemory {
 
     fn release_event(&mut self, _event: ()) {}
 
+    /// One queue: every stream's work already runs in one order.
+    fn wait_event(&mut self, _stream: DeviceStream, _event: &()) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    fn waits_on_device(&self) -> bool {
+        true
+    }
+
     fn max_segment_size(&self) -> Option<u64> {
         Some(self.max_buffer_size)
     }

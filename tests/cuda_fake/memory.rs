@@ -179,3 +179,80 @@ fn a_dropped_server_leaves_nothing_allocated_on_its_device() {
     );
     fake.assert_no_violations();
 }
+
+/// The engine hands a segment freed behind queued work to another stream behind a device-side
+/// wait (issue 50, RMM's `get_block_from_other_stream` behind `cudaStreamWaitEvent`), through
+/// the driver alone: stream 0 writes 64 KiB into a 3 MiB block and the engine frees it at
+/// once, its copy maybe still queued; stream 1's request takes that very segment (no new `cuMemAlloc`),
+/// writes its own bytes and reads them back. Under every scheduler mode, 6 seeds each: stream
+/// 1 reads what it wrote, and the fake's race detector (which sees every access of queued work
+/// and every `cuStreamWaitEvent`) has nothing to report. With the wait taken out of the
+/// engine (`hand_over` in `engine/src/alloc/engine/sharing.rs`) the detector reports stream
+/// 1's write racing stream 0's.
+#[test]
+fn a_segment_freed_behind_queued_work_serves_another_stream_behind_a_device_wait() {
+    use burn_caching_alloc::runtime::Resource;
+
+    let Some(driver) = fake_or_skip() else { return };
+    let _real = driver.real_turn();
+    let id = DeviceId {
+        type_id: 0,
+        index_id: driver.ordinal(3) as u16,
+    };
+    let mut cuda = CudaDriver::open(id).expect("driver");
+    let memory = cuda.memory();
+    let alloc = CachingAllocator::new(memory, AllocatorConfig::default()).expect("allocator");
+    let (s0, s1) = (DeviceStream(0), DeviceStream(1));
+    let (mut stream0, mut stream1) = (cuda.create_stream(s0), cuda.create_stream(s1));
+    const SIZE: u64 = 3 * MIB;
+    let resource = |block: &burn_caching_alloc::alloc::Allocation<_>| Resource::<CudaDriver> {
+        segment: *block.segment(),
+        offset: block.offset(),
+        size: SIZE,
+    };
+    let mut taken = 0;
+    for mode in crate::fake_cuda::SCHEDULES {
+        for seed in 0..6u64 {
+            if let Some(fake) = driver.fake() {
+                fake.set_schedule(mode, seed);
+            }
+            let first = alloc.malloc(SIZE, s0).expect("stream 0's block");
+            let address = first.address();
+            // A write the driver copies from pageable memory (at most 64 KiB): queued on
+            // stream 0 with no event of the driver's own, so nothing but the engine's fence
+            // tells the host when it ran.
+            // SAFETY: the block is live and at least 64 KiB long; the engine keeps it from
+            // other streams until its free is ordered after stream 0's work.
+            unsafe { cuda.write(&mut stream0, &resource(&first), &pattern(64 * 1024, 1)) }
+                .expect("stream 0 writes");
+            alloc.free(first).expect("free");
+            let mine = alloc.malloc(SIZE, s1).expect("stream 1's block");
+            if mine.address() == address {
+                taken += 1;
+            }
+            let data = pattern(SIZE, 2);
+            // SAFETY: as above, for stream 1's live block, read before it is freed.
+            let back = unsafe {
+                cuda.write(&mut stream1, &resource(&mine), &data)
+                    .expect("stream 1 writes");
+                cubecl_common::future::block_on(
+                    cuda.read(&mut stream1, vec![(resource(&mine), SIZE as usize)]),
+                )
+                .expect("stream 1 reads")
+            };
+            assert!(
+                back[0].to_vec() == data,
+                "{mode:?}, seed {seed}: stream 1 reads what it wrote"
+            );
+            if let Some(fake) = driver.fake() {
+                fake.assert_no_violations();
+            }
+            alloc.free(mine).expect("free");
+            cubecl_common::future::block_on(cuda.sync(&mut stream0)).expect("sync");
+            alloc.empty_cache().expect("empty_cache");
+        }
+    }
+    if driver.fake().is_some() {
+        assert_eq!(taken, 18, "every round, stream 1 took stream 0's segment");
+    }
+}
