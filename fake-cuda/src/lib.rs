@@ -7,10 +7,11 @@
 //! - `state`: the one global state, its lock, the violation log, fault injection;
 //! - `memory`: device memory over host memory, virtual address ranges and mappings;
 //! - `streams`: queues, events, the scheduler and the race detector;
-//! - `driver`: the exported driver API functions;
-//! - `nccl`: the exported NCCL functions, on the same streams;
-//! - `control`: what the test harness calls (`fake_cuda_*`);
-//! - `stubs`: every other driver function cudarc binds, answering `CUDA_ERROR_NOT_SUPPORTED`.
+//! - `driver`: the exported driver API functions, a file per kind (devices, contexts,
+//!   allocation, virtual memory, copies, memsets, streams, events, modules, peers, errors);
+//! - `nccl`: the exported NCCL functions, on the same streams (communicators, groups,
+//!   operations and their execution);
+//! - `control`: what the test harness calls (`fake_cuda_*`).
 
 mod codes;
 mod config;
