@@ -14,6 +14,14 @@ use super::units::MIB;
 /// The environment variable [`AllocatorConfig::from_env`] reads.
 pub const CONFIG_ENV: &str = "BURN_CACHING_ALLOC_CONF";
 
+/// The configuration string under which every rule is PyTorch's: the keys whose defaults are
+/// ours set to PyTorch's values, and `expandable_segments:False` named, so that a CUDA device
+/// with virtual memory does not turn expandable segments on by default. What
+/// [`AllocatorConfig::pytorch`] parses; give it to [`CONFIG_ENV`] for the same from the
+/// environment.
+pub const PYTORCH_CONFIG: &str = "expandable_segments:False,segment_sizing:pytorch,\
+pool_borrowing:false,cross_stream_reuse:false,release_outgrown:false";
+
 /// The most trace events `history_capacity` may keep: 2^24 (16 777 216). An event takes
 /// about a hundred bytes and more with its stack, so the largest ring is a few GiB; the 2^32
 /// allowed before could grow the ring to hundreds of GiB.
@@ -71,7 +79,7 @@ pub enum ConfigError {
 
 /// How many size buckets `roundup_power2_divisions` has (PyTorch's
 /// `kRoundUpPowerOfTwoIntervals`).
-const DIVISION_BUCKETS: usize = 16;
+pub(super) const DIVISION_BUCKETS: usize = 16;
 
 /// Power-of-two rounding divisions, by size bucket, as PyTorch's `AllocatorConfig` keeps them.
 ///
@@ -80,7 +88,7 @@ const DIVISION_BUCKETS: usize = 16;
 /// 32 GiB up. Each holds a division count; 0 or 1 means no power-of-two rounding there.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RoundupDivisions {
-    buckets: [u64; DIVISION_BUCKETS],
+    pub(super) buckets: [u64; DIVISION_BUCKETS],
 }
 
 impl RoundupDivisions {
@@ -93,18 +101,6 @@ impl RoundupDivisions {
         Self {
             buckets: [n; DIVISION_BUCKETS],
         }
-    }
-
-    /// The bucket of a request of `size` bytes (PyTorch's `roundup_power2_divisions(size)`).
-    fn bucket(size: u64) -> usize {
-        let log_size = 63 - size.max(1).leading_zeros() as usize;
-        let first = MIB.trailing_zeros() as usize;
-        log_size.saturating_sub(first).min(DIVISION_BUCKETS - 1)
-    }
-
-    /// The division count for a request of `size` bytes (0 when none is configured).
-    pub fn for_size(&self, size: u64) -> u64 {
-        self.buckets[Self::bucket(size)]
     }
 
     /// Whether no size is rounded (every division count is at most 1).
@@ -318,6 +314,12 @@ impl Default for AllocatorConfig {
 }
 
 impl AllocatorConfig {
+    /// PyTorch's allocator exactly: [`PYTORCH_CONFIG`] (every key whose default is ours set to
+    /// PyTorch's rule; everything else is PyTorch's already). The one place that says it.
+    pub fn pytorch() -> Self {
+        Self::parse(PYTORCH_CONFIG).expect("PYTORCH_CONFIG parses")
+    }
+
     /// Reads `BURN_CACHING_ALLOC_CONF`; unset or empty gives the defaults.
     pub fn from_env() -> Result<Self, ConfigError> {
         match std::env::var(CONFIG_ENV) {

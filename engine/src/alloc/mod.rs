@@ -48,8 +48,8 @@ pub mod units;
 pub use allocator::{Allocation, CachingAllocator};
 pub use block::BlockState;
 pub use config::{
-    AllocatorConfig, CONFIG_ENV, ConfigError, MAX_HISTORY_CAPACITY, PinnedHostConfig,
-    RoundupDivisions,
+    AllocatorConfig, CONFIG_ENV, ConfigError, MAX_HISTORY_CAPACITY, PYTORCH_CONFIG,
+    PinnedHostConfig, RoundupDivisions,
 };
 pub use engine::MissPath;
 pub use error::{AllocError, InvariantViolation, OomAdvice, OomDiagnosis};

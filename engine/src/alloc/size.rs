@@ -32,7 +32,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::config::RoundupDivisions;
+use super::config::{DIVISION_BUCKETS, RoundupDivisions};
 
 use super::units::MIB;
 
@@ -85,6 +85,21 @@ impl PoolKind {
             PoolKind::Small => "small_pool",
             PoolKind::Large => "large_pool",
         }
+    }
+}
+
+impl RoundupDivisions {
+    /// The bucket of a request of `size` bytes (PyTorch's `roundup_power2_divisions(size)`):
+    /// 0 below 2 MiB, then one per power of two, the last from 32 GiB up.
+    fn bucket(size: u64) -> usize {
+        let log_size = 63 - size.max(1).leading_zeros() as usize;
+        let first = MIB.trailing_zeros() as usize;
+        log_size.saturating_sub(first).min(DIVISION_BUCKETS - 1)
+    }
+
+    /// The division count for a request of `size` bytes (0 when none is configured).
+    pub fn for_size(&self, size: u64) -> u64 {
+        self.buckets[Self::bucket(size)]
     }
 }
 

@@ -426,3 +426,25 @@ fn the_pinned_host_keys_parse_as_mib_with_0_allowed() {
     let old: AllocatorConfig = serde_json::from_value(json).expect("reads");
     assert_eq!(old, AllocatorConfig::default());
 }
+
+/// `AllocatorConfig::pytorch()` is every rule PyTorch's: the five keys whose defaults are ours
+/// at PyTorch's values, everything else at the defaults (which are PyTorch's), and the same as
+/// its string `PYTORCH_CONFIG`.
+#[test]
+fn the_pytorch_preset_sets_every_key_of_ours_to_pytorchs_rule() {
+    use caching_alloc_engine::alloc::{PYTORCH_CONFIG, SegmentSizing};
+    let pytorch = AllocatorConfig::pytorch();
+    assert_eq!(pytorch, AllocatorConfig::parse(PYTORCH_CONFIG).unwrap());
+    assert!(!pytorch.expandable_segments);
+    assert_eq!(pytorch.segment_sizing, SegmentSizing::Pytorch);
+    assert!(!pytorch.pool_borrowing);
+    assert!(!pytorch.cross_stream_reuse);
+    assert!(!pytorch.release_outgrown);
+    // Everything else as the defaults.
+    let mut ours = AllocatorConfig::default();
+    ours.segment_sizing = SegmentSizing::Pytorch;
+    ours.pool_borrowing = false;
+    ours.cross_stream_reuse = false;
+    ours.release_outgrown = false;
+    assert_eq!(pytorch, ours);
+}
