@@ -88,6 +88,12 @@
 #![warn(missing_docs)]
 
 pub use caching_alloc_engine::{alloc, device};
+
+/// The README's Rust snippets, compiled as doc tests (`cargo test --doc`): the recipe and the
+/// API snippet stay true to the API.
+#[cfg(all(doctest, feature = "cuda", feature = "wgpu", feature = "fusion"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 #[cfg(feature = "runtime")]
 pub mod backend;
 #[cfg(feature = "cuda")]
