@@ -264,12 +264,14 @@ impl Driver for CudaDriver {
     }
 
     fn create_stream(&mut self, id: DeviceStream) -> CudaStream {
+        // The stream table decides, for the driver and the device memory alike, which stream
+        // `id` is: the device's default one if it could not create one (see `get_or_create`).
         match self.streams.get_or_create(id) {
             Ok(raw) => CudaStream { id, raw },
             Err(err) => {
                 log::error!(
-                    "caching allocator: cannot create a CUDA stream for {id} ({err}); using \
-                     the device's default stream"
+                    "caching allocator: cannot make the context current for {id}'s stream \
+                     ({err}); using the device's default stream"
                 );
                 CudaStream {
                     id,

@@ -65,16 +65,31 @@ impl CudaStreams {
         &self.context
     }
 
-    /// The stream of `id`, created (non-blocking) the first time the id is asked for.
+    /// The stream of `id`, created (non-blocking) the first time the id is asked for. The
+    /// table is the one source of truth for every user of `id` (the server's driver issues the
+    /// stream's work on it, the device memory records and waits for the engine's events on it):
+    /// if `cuStreamCreate` fails, `id` is the device's default stream from then on, for all of
+    /// them, and the failure is logged once. Otherwise the work would run on one stream and the
+    /// events that order it be recorded on another, created by a later call that succeeded.
+    /// An error only when the context cannot be made current (nothing is recorded for `id`).
     pub fn get_or_create(&self, id: DeviceStream) -> Result<sys::CUstream, DeviceError> {
         let mut streams = self.streams.lock();
         if let Some(stream) = streams.get(&id) {
             return Ok(stream.0);
         }
         driver_call("cuCtxSetCurrent", || self.context.bind_to_thread())?;
-        let raw = driver_call("cuStreamCreate", || {
+        let raw = match driver_call("cuStreamCreate", || {
             result::stream::create(result::stream::StreamKind::NonBlocking)
-        })?;
+        }) {
+            Ok(raw) => raw,
+            Err(err) => {
+                log::error!(
+                    "caching allocator: cannot create a CUDA stream for {id} ({err}); its work \
+                     and its events use the device's default stream"
+                );
+                result::stream::null()
+            }
+        };
         streams.insert(id, RawStream(raw));
         Ok(raw)
     }
@@ -114,7 +129,8 @@ impl Drop for CudaStreams {
         {
             return;
         }
-        for (_, stream) in streams {
+        // The default stream of a failed creation is the driver's, never destroyed.
+        for (_, stream) in streams.into_iter().filter(|(_, s)| !s.0.is_null()) {
             // SAFETY: created by `get_or_create`, destroyed once, here.
             let _ = driver_call("cuStreamDestroy", || unsafe {
                 result::stream::destroy(stream.0)

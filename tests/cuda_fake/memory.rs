@@ -305,3 +305,65 @@ fn a_segment_with_queued_work_goes_back_to_the_device_only_after_that_work() {
         }
     }
 }
+
+/// One source of truth for a stream (issue 49): when `cuStreamCreate` fails for a stream, the
+/// server's driver issues that stream's work on the device's default stream, and the device
+/// memory must record the engine's events for that stream there too, not on a stream a later
+/// `cuStreamCreate` makes. Stream 5's creation fails once; stream 5 writes into a block that
+/// the engine frees at once; stream 6 takes it behind a wait for an event recorded on stream
+/// 5, which must follow the write: the fake's race detector reports nothing and stream 6 reads
+/// what it wrote.
+#[test]
+fn a_stream_whose_creation_failed_is_the_default_stream_for_its_work_and_its_events() {
+    use burn_caching_alloc::runtime::Resource;
+
+    let Some(driver) = fake_or_skip() else { return };
+    let Some(fake) = driver.fake() else {
+        crate::fake_cuda::fake_only("needs the fake's fault injection");
+        return;
+    };
+    let id = DeviceId {
+        type_id: 0,
+        index_id: driver.ordinal(3) as u16,
+    };
+    let mut cuda = CudaDriver::open(id).expect("driver");
+    let memory = cuda.memory();
+    let alloc = CachingAllocator::new(memory, AllocatorConfig::default()).expect("allocator");
+    let (s5, s6) = (DeviceStream(5), DeviceStream(6));
+    fake.set_schedule(Schedule::Delayed, 1);
+    fake.inject("cuStreamCreate", 1, false, 0);
+    let mut stream5 = cuda.create_stream(s5);
+    fake.clear_faults();
+    let mut stream6 = cuda.create_stream(s6);
+    const SIZE: u64 = 3 * MIB;
+    let resource = |block: &burn_caching_alloc::alloc::Allocation<_>| Resource::<CudaDriver> {
+        segment: *block.segment(),
+        offset: block.offset(),
+        size: SIZE,
+    };
+    let first = alloc.malloc(SIZE, s5).expect("stream 5's block");
+    let address = first.address();
+    // SAFETY: a live block of at least 64 KiB, kept from other streams until its free is
+    // ordered after stream 5's work.
+    unsafe { cuda.write(&mut stream5, &resource(&first), &pattern(64 * 1024, 1)) }
+        .expect("stream 5 writes");
+    alloc.free(first).expect("free");
+    let mine = alloc.malloc(SIZE, s6).expect("stream 6's block");
+    assert_eq!(mine.address(), address, "stream 6 took stream 5's segment");
+    let data = pattern(SIZE, 2);
+    // SAFETY: stream 6's live block, read before it is freed.
+    let back = unsafe {
+        cuda.write(&mut stream6, &resource(&mine), &data)
+            .expect("stream 6 writes");
+        cubecl_common::future::block_on(
+            cuda.read(&mut stream6, vec![(resource(&mine), SIZE as usize)]),
+        )
+        .expect("stream 6 reads")
+    };
+    assert!(back[0].to_vec() == data, "stream 6 reads what it wrote");
+    fake.assert_no_violations();
+    alloc.free(mine).expect("free");
+    cubecl_common::future::block_on(cuda.sync(&mut stream5)).expect("sync");
+    drop(alloc);
+    fake.assert_no_violations();
+}
