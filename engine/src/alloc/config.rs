@@ -20,7 +20,7 @@ pub const CONFIG_ENV: &str = "BURN_CACHING_ALLOC_CONF";
 /// [`AllocatorConfig::pytorch`] parses; give it to [`CONFIG_ENV`] for the same from the
 /// environment.
 pub const PYTORCH_CONFIG: &str = "expandable_segments:False,segment_sizing:pytorch,\
-pool_borrowing:false,cross_stream_reuse:false,release_outgrown:false";
+pool_borrowing:false,cross_stream_reuse:false,cross_stream_lending:false,release_outgrown:false";
 
 /// The most trace events `history_capacity` may keep: 2^24 (16 777 216). An event takes
 /// about a hundred bytes and more with its stack, so the largest ring is a few GiB; the 2^32
@@ -315,7 +315,9 @@ impl Default for AllocatorConfig {
 
 impl AllocatorConfig {
     /// PyTorch's allocator exactly: [`PYTORCH_CONFIG`] (every key whose default is ours set to
-    /// PyTorch's rule; everything else is PyTorch's already). The one place that says it.
+    /// PyTorch's rule; everything else is PyTorch's already). The one place that says it, and
+    /// the one rule for keys a serialised configuration lacks: a file written before a key of
+    /// ours existed reads that key back as this configuration has it.
     pub fn pytorch() -> Self {
         Self::parse(PYTORCH_CONFIG).expect("PYTORCH_CONFIG parses")
     }

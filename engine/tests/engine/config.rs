@@ -440,11 +440,39 @@ fn the_pytorch_preset_sets_every_key_of_ours_to_pytorchs_rule() {
     assert!(!pytorch.pool_borrowing);
     assert!(!pytorch.cross_stream_reuse);
     assert!(!pytorch.release_outgrown);
+    assert!(!pytorch.cross_stream_lending);
     // Everything else as the defaults.
     let mut ours = AllocatorConfig::default();
     ours.segment_sizing = SegmentSizing::Pytorch;
     ours.pool_borrowing = false;
     ours.cross_stream_reuse = false;
+    ours.cross_stream_lending = false;
     ours.release_outgrown = false;
     assert_eq!(pytorch, ours);
+}
+
+/// One rule for keys an old serialised configuration lacks: it reads them back as
+/// `AllocatorConfig::pytorch()` has them. A file holding only PyTorch's own fields (a trace or
+/// snapshot written before any key of ours existed) deserialises to the preset exactly.
+#[test]
+fn a_serialised_configuration_without_our_keys_reads_back_as_the_pytorch_preset() {
+    let pytorch = AllocatorConfig::pytorch();
+    let mut json = serde_json::to_value(&pytorch).unwrap();
+    let fields = json.as_object_mut().unwrap();
+    for ours in [
+        "history",
+        "expandable_segments",
+        "segment_sizing",
+        "pool_borrowing",
+        "cross_stream_reuse",
+        "cross_stream_lending",
+        "release_outgrown",
+        "throw_on_cudamalloc_oom",
+        "no_cuda_memory_caching",
+        "pinned",
+    ] {
+        assert!(fields.remove(ours).is_some(), "{ours} is serialised");
+    }
+    let old: AllocatorConfig = serde_json::from_value(json).unwrap();
+    assert_eq!(old, pytorch);
 }
