@@ -142,6 +142,9 @@ struct SimState {
     /// Per stream, the newest event sequence of each other stream its work comes after (by
     /// waits, directly or through a stream that waited): a vector clock.
     clocks: BTreeMap<DeviceStream, BTreeMap<DeviceStream, u64>>,
+    /// Per stream, the clock of its newest recorded event, and of its newest completed one.
+    recorded_clocks: BTreeMap<DeviceStream, BTreeMap<DeviceStream, u64>>,
+    completed_clocks: BTreeMap<DeviceStream, BTreeMap<DeviceStream, u64>>,
 }
 
 impl SimState {
@@ -210,6 +213,8 @@ impl SimDevice {
                 completed: BTreeMap::new(),
                 device_waits: false,
                 clocks: BTreeMap::new(),
+                recorded_clocks: BTreeMap::new(),
+                completed_clocks: BTreeMap::new(),
             })),
         }
     }
@@ -314,6 +319,22 @@ impl SimDevice {
         let mut state = self.state.lock();
         let last = state.recorded.get(&stream).copied().unwrap_or(0);
         state.completed.insert(stream, last);
+        if let Some(clock) = state.recorded_clocks.get(&stream).cloned() {
+            state.completed_clocks.insert(stream, clock);
+        }
+    }
+
+    /// The newest event sequence of `stream` whose work is known complete: its own completed
+    /// events, or through a completed event of another stream whose work waited for it (a
+    /// vector clock: a stream's completion covers what it waited for on the device).
+    pub fn completed_through(&self, stream: DeviceStream) -> u64 {
+        let state = self.state.lock();
+        let own = state.completed.get(&stream).copied().unwrap_or(0);
+        state
+            .completed_clocks
+            .values()
+            .filter_map(|clock| clock.get(&stream).copied())
+            .fold(own, u64::max)
     }
 
     /// Marks every event on every stream as completed.
@@ -321,6 +342,8 @@ impl SimDevice {
         let mut state = self.state.lock();
         let recorded = state.recorded.clone();
         state.completed.extend(recorded);
+        let clocks = state.recorded_clocks.clone();
+        state.completed_clocks.extend(clocks);
     }
 
     /// The calls counted so far.
@@ -470,6 +493,7 @@ impl DeviceMemory for SimDevice {
         let clock = state.clocks.entry(stream).or_default();
         clock.insert(stream, sequence);
         let clock = clock.clone();
+        state.recorded_clocks.insert(stream, clock.clone());
         Ok(SimEvent {
             stream,
             sequence,
@@ -490,6 +514,11 @@ impl DeviceMemory for SimDevice {
         state.counters.events_synchronized += 1;
         let done = state.completed.entry(event.stream).or_insert(0);
         *done = (*done).max(event.sequence);
+        let completed = state.completed_clocks.entry(event.stream).or_default();
+        for (&other, &sequence) in &event.clock {
+            let known = completed.entry(other).or_insert(0);
+            *known = (*known).max(sequence);
+        }
         Ok(())
     }
 
