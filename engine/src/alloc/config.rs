@@ -203,8 +203,9 @@ pub struct AllocatorConfig {
     #[serde(default)]
     pub pool_borrowing: bool,
     /// Whether a miss that would allocate device memory first takes a wholly free segment
-    /// another stream cached, once an event recorded on that stream after the segment's last
-    /// free has completed (the default; idle streams first), or never, as in PyTorch, whose
+    /// another stream cached, behind a device-side wait for an event recorded on that stream
+    /// after the segment's last free where the device can wait between streams, else once
+    /// such an event has completed (the default; idle streams first), or never, as in PyTorch, whose
     /// blocks serve only the stream that allocated them (`cross_stream_reuse:false`). Files
     /// written before the key existed used PyTorch's rule and read back as it.
     #[serde(default)]
