@@ -2,14 +2,18 @@
 //! (no virtual memory), expandable segments on fake device 5 (virtual memory, 2 MiB
 //! granularity), and a server and an allocator dropped leaving nothing on the device.
 
-use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
-use burn_caching_alloc::cuda::{CudaDriver, CudaMemory};
+use burn_caching_alloc::alloc::{Allocation, AllocatorConfig, CachingAllocator};
+use burn_caching_alloc::cuda::{CudaDriver, CudaMemory, CudaStream};
 use burn_caching_alloc::device::{DeviceMemory, DeviceStream};
-use burn_caching_alloc::runtime::{CachingServer, Driver as _};
+use burn_caching_alloc::runtime::{CachingServer, Driver as _, Resource};
 use cubecl_common::device::DeviceId;
 use cudarc::driver::result;
 
 use crate::MIB;
+
+/// The tests of this file that open fake device 3 in this process count what it holds: one at
+/// a time.
+static DEVICE_3: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 use crate::fake_cuda::{Schedule, fake_or_skip};
 
 fn pattern(len: u64, seed: u8) -> Vec<u8> {
@@ -33,6 +37,7 @@ fn roundtrip(ptr: u64, data: &[u8]) {
 #[test]
 fn segments_hold_data_and_the_dropped_allocator_leaves_nothing_on_the_device() {
     let Some(driver) = fake_or_skip() else { return };
+    let _turn = DEVICE_3.lock();
     let _real = driver.real_turn();
     let memory = CudaMemory::new(driver.ordinal(3)).expect("device 3");
     if driver.fake().is_some() {
@@ -180,6 +185,51 @@ fn a_dropped_server_leaves_nothing_allocated_on_its_device() {
     fake.assert_no_violations();
 }
 
+/// The driver of fake device 3 and an engine with the default configuration over its memory
+/// (the memory shares the driver's stream table, `CudaDriver::memory`).
+fn device_3(driver: &crate::fake_cuda::Driver) -> (CudaDriver, CachingAllocator<CudaMemory>) {
+    let id = DeviceId {
+        type_id: 0,
+        index_id: driver.ordinal(3) as u16,
+    };
+    let mut cuda = CudaDriver::open(id).expect("driver");
+    let memory = cuda.memory();
+    let alloc = CachingAllocator::new(memory, AllocatorConfig::default()).expect("allocator");
+    (cuda, alloc)
+}
+
+/// Where the driver finds the first `len` bytes of `block`.
+fn resource(
+    block: &Allocation<<CudaMemory as DeviceMemory>::Handle>,
+    len: u64,
+) -> Resource<CudaDriver> {
+    Resource::<CudaDriver> {
+        segment: *block.segment(),
+        offset: block.offset(),
+        size: len,
+    }
+}
+
+/// Writes `data` into `block` on `stream` and reads it back there.
+///
+/// # Safety
+/// `block` is live, at least `data.len()` bytes long, and stays allocated until this returns.
+unsafe fn write_and_read_back(
+    cuda: &mut CudaDriver,
+    stream: &mut CudaStream,
+    block: &Allocation<<CudaMemory as DeviceMemory>::Handle>,
+    data: &[u8],
+) -> Vec<u8> {
+    let len = data.len() as u64;
+    // SAFETY: the caller's block, read before it returns.
+    let back = unsafe {
+        cuda.write(stream, &resource(block, len), data)
+            .expect("the write");
+        cubecl_common::future::block_on(cuda.read(stream, vec![(resource(block, len), data.len())]))
+    };
+    back.expect("the read")[0].to_vec()
+}
+
 /// The engine hands a segment freed behind queued work to another stream behind a device-side
 /// wait (issue 50, RMM's `get_block_from_other_stream` behind `cudaStreamWaitEvent`), through
 /// the driver alone: stream 0 writes 64 KiB into a 3 MiB block and the engine frees it at
@@ -191,25 +241,13 @@ fn a_dropped_server_leaves_nothing_allocated_on_its_device() {
 /// 1's write racing stream 0's.
 #[test]
 fn a_segment_freed_behind_queued_work_serves_another_stream_behind_a_device_wait() {
-    use burn_caching_alloc::runtime::Resource;
-
     let Some(driver) = fake_or_skip() else { return };
     let _real = driver.real_turn();
-    let id = DeviceId {
-        type_id: 0,
-        index_id: driver.ordinal(3) as u16,
-    };
-    let mut cuda = CudaDriver::open(id).expect("driver");
-    let memory = cuda.memory();
-    let alloc = CachingAllocator::new(memory, AllocatorConfig::default()).expect("allocator");
+    let _turn = DEVICE_3.lock();
+    let (mut cuda, alloc) = device_3(&driver);
     let (s0, s1) = (DeviceStream(0), DeviceStream(1));
     let (mut stream0, mut stream1) = (cuda.create_stream(s0), cuda.create_stream(s1));
     const SIZE: u64 = 3 * MIB;
-    let resource = |block: &burn_caching_alloc::alloc::Allocation<_>| Resource::<CudaDriver> {
-        segment: *block.segment(),
-        offset: block.offset(),
-        size: SIZE,
-    };
     let mut taken = 0;
     for mode in crate::fake_cuda::SCHEDULES {
         for seed in 0..6u64 {
@@ -223,25 +261,24 @@ fn a_segment_freed_behind_queued_work_serves_another_stream_behind_a_device_wait
             // tells the host when it ran.
             // SAFETY: the block is live and at least 64 KiB long; the engine keeps it from
             // other streams until its free is ordered after stream 0's work.
-            unsafe { cuda.write(&mut stream0, &resource(&first), &pattern(64 * 1024, 1)) }
-                .expect("stream 0 writes");
+            unsafe {
+                cuda.write(
+                    &mut stream0,
+                    &resource(&first, SIZE),
+                    &pattern(64 * 1024, 1),
+                )
+            }
+            .expect("stream 0 writes");
             alloc.free(first).expect("free");
             let mine = alloc.malloc(SIZE, s1).expect("stream 1's block");
             if mine.address() == address {
                 taken += 1;
             }
             let data = pattern(SIZE, 2);
-            // SAFETY: as above, for stream 1's live block, read before it is freed.
-            let back = unsafe {
-                cuda.write(&mut stream1, &resource(&mine), &data)
-                    .expect("stream 1 writes");
-                cubecl_common::future::block_on(
-                    cuda.read(&mut stream1, vec![(resource(&mine), SIZE as usize)]),
-                )
-                .expect("stream 1 reads")
-            };
+            // SAFETY: stream 1's live block of SIZE bytes, freed after the read.
+            let back = unsafe { write_and_read_back(&mut cuda, &mut stream1, &mine, &data) };
             assert!(
-                back[0].to_vec() == data,
+                back == data,
                 "{mode:?}, seed {seed}: stream 1 reads what it wrote"
             );
             if let Some(fake) = driver.fake() {
@@ -265,17 +302,10 @@ fn a_segment_freed_behind_queued_work_serves_another_stream_behind_a_device_wait
 /// scheduler mode, 4 seeds each.
 #[test]
 fn a_segment_with_queued_work_goes_back_to_the_device_only_after_that_work() {
-    use burn_caching_alloc::runtime::Resource;
-
     let Some(driver) = fake_or_skip() else { return };
     let _real = driver.real_turn();
-    let id = DeviceId {
-        type_id: 0,
-        index_id: driver.ordinal(3) as u16,
-    };
-    let mut cuda = CudaDriver::open(id).expect("driver");
-    let memory = cuda.memory();
-    let alloc = CachingAllocator::new(memory, AllocatorConfig::default()).expect("allocator");
+    let _turn = DEVICE_3.lock();
+    let (mut cuda, alloc) = device_3(&driver);
     let mut stream0 = cuda.create_stream(DeviceStream(0));
     for mode in crate::fake_cuda::SCHEDULES {
         for seed in 0..4u64 {
@@ -283,15 +313,16 @@ fn a_segment_with_queued_work_goes_back_to_the_device_only_after_that_work() {
                 fake.set_schedule(mode, seed);
             }
             let block = alloc.malloc(3 * MIB, DeviceStream(0)).expect("block");
-            let resource = Resource::<CudaDriver> {
-                segment: *block.segment(),
-                offset: block.offset(),
-                size: 3 * MIB,
-            };
             // SAFETY: the block is live and at least 64 KiB long; its segment goes back to the
             // device only after the copy (what this test checks).
-            unsafe { cuda.write(&mut stream0, &resource, &pattern(64 * 1024, 7)) }
-                .expect("stream 0 writes");
+            unsafe {
+                cuda.write(
+                    &mut stream0,
+                    &resource(&block, 3 * MIB),
+                    &pattern(64 * 1024, 7),
+                )
+            }
+            .expect("stream 0 writes");
             alloc.free(block).expect("free");
             let released = alloc.empty_cache().expect("empty_cache");
             assert!(
@@ -315,20 +346,13 @@ fn a_segment_with_queued_work_goes_back_to_the_device_only_after_that_work() {
 /// what it wrote.
 #[test]
 fn a_stream_whose_creation_failed_is_the_default_stream_for_its_work_and_its_events() {
-    use burn_caching_alloc::runtime::Resource;
-
     let Some(driver) = fake_or_skip() else { return };
     let Some(fake) = driver.fake() else {
         crate::fake_cuda::fake_only("needs the fake's fault injection");
         return;
     };
-    let id = DeviceId {
-        type_id: 0,
-        index_id: driver.ordinal(3) as u16,
-    };
-    let mut cuda = CudaDriver::open(id).expect("driver");
-    let memory = cuda.memory();
-    let alloc = CachingAllocator::new(memory, AllocatorConfig::default()).expect("allocator");
+    let _turn = DEVICE_3.lock();
+    let (mut cuda, alloc) = device_3(&driver);
     let (s5, s6) = (DeviceStream(5), DeviceStream(6));
     fake.set_schedule(Schedule::Delayed, 1);
     fake.inject("cuStreamCreate", 1, false, 0);
@@ -336,31 +360,25 @@ fn a_stream_whose_creation_failed_is_the_default_stream_for_its_work_and_its_eve
     fake.clear_faults();
     let mut stream6 = cuda.create_stream(s6);
     const SIZE: u64 = 3 * MIB;
-    let resource = |block: &burn_caching_alloc::alloc::Allocation<_>| Resource::<CudaDriver> {
-        segment: *block.segment(),
-        offset: block.offset(),
-        size: SIZE,
-    };
     let first = alloc.malloc(SIZE, s5).expect("stream 5's block");
     let address = first.address();
     // SAFETY: a live block of at least 64 KiB, kept from other streams until its free is
     // ordered after stream 5's work.
-    unsafe { cuda.write(&mut stream5, &resource(&first), &pattern(64 * 1024, 1)) }
-        .expect("stream 5 writes");
+    unsafe {
+        cuda.write(
+            &mut stream5,
+            &resource(&first, SIZE),
+            &pattern(64 * 1024, 1),
+        )
+    }
+    .expect("stream 5 writes");
     alloc.free(first).expect("free");
     let mine = alloc.malloc(SIZE, s6).expect("stream 6's block");
     assert_eq!(mine.address(), address, "stream 6 took stream 5's segment");
     let data = pattern(SIZE, 2);
-    // SAFETY: stream 6's live block, read before it is freed.
-    let back = unsafe {
-        cuda.write(&mut stream6, &resource(&mine), &data)
-            .expect("stream 6 writes");
-        cubecl_common::future::block_on(
-            cuda.read(&mut stream6, vec![(resource(&mine), SIZE as usize)]),
-        )
-        .expect("stream 6 reads")
-    };
-    assert!(back[0].to_vec() == data, "stream 6 reads what it wrote");
+    // SAFETY: stream 6's live block of SIZE bytes, freed after the read.
+    let back = unsafe { write_and_read_back(&mut cuda, &mut stream6, &mine, &data) };
+    assert!(back == data, "stream 6 reads what it wrote");
     fake.assert_no_violations();
     alloc.free(mine).expect("free");
     cubecl_common::future::block_on(cuda.sync(&mut stream5)).expect("sync");

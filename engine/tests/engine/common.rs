@@ -21,7 +21,11 @@ pub const S1: DeviceStream = DeviceStream(1);
 /// `borrowing.rs`, `cross_stream.rs`, `outgrown.rs` and the property tests check the defaults
 /// that differ.
 pub fn allocator(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, SimDevice) {
-    let device = SimDevice::new(capacity);
+    allocator_on(SimDevice::new(capacity), config)
+}
+
+/// [`allocator`] over a device made otherwise (one that can wait between streams, ...).
+pub fn allocator_on(device: SimDevice, config: &str) -> (CachingAllocator<SimDevice>, SimDevice) {
     let mut items: Vec<&str> = config.split(',').filter(|item| !item.is_empty()).collect();
     for (key, pytorch) in [
         ("segment_sizing", "segment_sizing:pytorch"),

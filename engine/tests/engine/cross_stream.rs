@@ -779,15 +779,7 @@ fn blocks_of_expandable_segments_are_never_lent_after_expandable_segments_is_tur
 /// An allocator as `allocator` makes, over a device whose streams can wait for each other on
 /// the device (as CUDA's can: `cuStreamWaitEvent`).
 fn allocator_with_waits(capacity: u64, config: &str) -> (CachingAllocator<SimDevice>, SimDevice) {
-    let device = SimDevice::new(capacity).with_device_waits();
-    let config = caching_alloc_engine::alloc::AllocatorConfig::parse(&format!(
-        "{config},segment_sizing:pytorch,pool_borrowing:false,release_outgrown:false"
-    ))
-    .unwrap();
-    (
-        CachingAllocator::new(device.clone(), config).unwrap(),
-        device,
-    )
+    allocator_on(SimDevice::new(capacity).with_device_waits(), config)
 }
 
 /// Where the device can make a stream wait for another (RMM's stream-ordered pool takes another
