@@ -136,8 +136,9 @@ pub trait Driver: Send + Sized + 'static {
     const NAME: &'static str;
     /// Whether every stream of this API issues its work into one device queue, in one order
     /// (wgpu: one encoder, one submission order). Memory freed on one stream is then safe for
-    /// any other at once, so the server gives every slot the same engine stream and all of them
-    /// serve from one cache. `false` (CUDA) keeps an engine stream per slot, PyTorch's rule.
+    /// any other at once, so the server maps every CubeCL stream onto one slot: one CubeCL pool
+    /// and one engine stream serve every thread. `false` (CUDA) keeps a slot, and an engine
+    /// stream, per CubeCL stream (up to `max_streams`), PyTorch's rule.
     const SINGLE_QUEUE: bool = false;
     /// The engine's device memory for this API: segments are this API's buffers.
     type Memory: DeviceMemory;

@@ -440,18 +440,11 @@ impl<D: Driver> Streams<D> {
             // Without caching (`no_cuda_memory_caching`) CubeCL's exact-size reuse is bypassed
             // the same way, so that every tensor is an engine request of its own.
             let policy = policy_for(allocator);
-            let slot_stream = DeviceStream(slot as u64);
-            // On a driver with one queue every slot allocates from one engine stream (see
-            // `Driver::SINGLE_QUEUE`); the driver still names its stream state after the slot.
-            let engine_stream = if D::SINGLE_QUEUE {
-                DeviceStream(0)
-            } else {
-                slot_stream
-            };
+            let engine_stream = DeviceStream(slot as u64);
             ServerStream {
                 memory: StreamMemory::new(allocator.clone(), engine_stream, properties)
                     .with_policy(policy),
-                driver: driver.create_stream(slot_stream),
+                driver: driver.create_stream(engine_stream),
                 cursor: 0,
                 synced: SyncPoints::default(),
                 metadata: None,
