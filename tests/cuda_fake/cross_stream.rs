@@ -90,11 +90,10 @@ fn a_read_on_another_stream_is_never_overwritten_by_the_next_tensor_under_every_
 /// patterns, reading them back without waiting and dropping them, then exiting: the next
 /// rounds' threads take the gone threads' slots (they report their exit), and a round with
 /// more threads than the last has streams with nothing cached, served by the free parts of
-/// the others' segments (`cross_stream_reuse` and `cross_stream_lending`: whole segments, lent
-/// blocks). Under every scheduler mode, 6 seeds each: every byte read back is the byte
-/// written, the fake's race detector has nothing to report, and memory did cross streams
-/// (issue 38). In a child process, so that device 4 opens without expandable segments (which
-/// turn sharing off) and with lending from busy streams.
+/// the others' segments (`cross_stream_reuse`: whole segments, lent blocks). Under every
+/// scheduler mode, 6 seeds each: every byte read back is the byte written, the fake's race
+/// detector has nothing to report, and memory did cross streams. In a child process, so that
+/// device 4 opens without expandable segments (which turn sharing off).
 #[test]
 fn threads_that_come_and_go_reuse_each_others_memory_with_values_exact_under_every_schedule() {
     let Some(driver) = fake_or_skip() else { return };
@@ -102,9 +101,7 @@ fn threads_that_come_and_go_reuse_each_others_memory_with_values_exact_under_eve
         "cross_stream::threads_that_come_and_go_reuse_each_others_memory_with_values_exact_under_every_schedule",
         &[(
             "BURN_CACHING_ALLOC_CONF",
-            Some(std::ffi::OsStr::new(
-                "expandable_segments:False,cross_stream_lending:True",
-            )),
+            Some(std::ffi::OsStr::new("expandable_segments:False")),
         )],
     ) {
         return;

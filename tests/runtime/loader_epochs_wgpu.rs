@@ -2,12 +2,11 @@
 //! on the caching backends and on Burn's stock ones, fused and unfused. The loader spawns its
 //! workers anew at every `iter()` (burn-core 0.21 `data/dataloader/multithread.rs`), as
 //! burn-train's training and validation loops call it every epoch, and CubeCL names a stream
-//! after its thread: every epoch's batches are allocated on streams never seen before. The
-//! workers say when they exit (`runtime::thread_exit`), the new workers take over their slots
-//! (slot reuse, `src/runtime/server/streams.rs`) and with them their cache, and a worker that
-//! finds no slot free is lent the free part of the training thread's small segment
-//! (`cross_stream_lending`, the default): reserved memory stays level. Stock's numbers are
-//! printed beside ours.
+//! after its thread: every epoch's batches are allocated on streams never seen before. wgpu has
+//! one queue, so the server maps every CubeCL stream onto one slot (`Driver::SINGLE_QUEUE`,
+//! `src/runtime/server/streams.rs`): the new workers' batches come from the one cache the old
+//! workers freed into, and reserved memory stays level. Stock's numbers are printed beside
+//! ours.
 //!
 //! The loop is burn-train's (`SupervisedTraining` runs the same: one training and one
 //! validation `iter()` of multi-threaded loaders per epoch), written out so that reserved
@@ -239,11 +238,8 @@ fn caching_epochs<C: AutodiffBackend<Device = WgpuDevice>>(
     caching
 }
 
-/// No epoch reserves more than the first plus two 2 MiB small-pool segments. Measured: at most
-/// one more than the first (unfused, when the first epoch fit in the main thread's segment);
-/// with idle lenders only (`cross_stream_lending:false`) later epochs took up to three more,
-/// one per extra stream slot the scheduler's interleaving needed. Before slot reuse the fused
-/// run climbed 16 MiB an epoch.
+/// No epoch reserves more than the first plus two 2 MiB small-pool segments (measured: at most
+/// one more than the first, unfused, when the first epoch fit in the main thread's segment).
 fn assert_bounded(name: &str, reserved: &[u64]) {
     let bound = reserved[0] + 2 * SMALL_SEGMENT;
     for (epoch, &bytes) in reserved.iter().enumerate() {
@@ -261,10 +257,8 @@ fn assert_bounded(name: &str, reserved: &[u64]) {
 /// Fused, against stock `Wgpu` (fused, as with Burn's default features) on the same device:
 /// reserved memory does not grow with the epochs (`assert_bounded`) and the model learns.
 /// Measured (lavapipe, debug build): `CachingWgpu` 4.0 MiB after every epoch (see the guide's
-/// benchmarks chapter for the runs); with idle lenders only (`cross_stream_lending:false`)
-/// 4.0 to 10.0 after epoch 1, then up to 10.0 (one small segment per extra stream slot);
-/// stock `Wgpu` (every stream slot read, `support::stock`) 72, 136, 200, ... 640: each epoch's
-/// workers take new slots with pools of their own. Before slot reuse: 18, 34, 50, ... 162 MiB.
+/// benchmarks chapter for the runs); stock `Wgpu` (every stream slot read, `support::stock`)
+/// 72, 136, 200, ... 640: each epoch's workers take new slots with pools of their own.
 ///
 /// burn-fusion keeps each worker's last batch of targets (a 128-byte integer tensor) alive for
 /// good (`cubecl.live_slices` grows by eight an epoch): the test runs in a child process
@@ -288,8 +282,7 @@ fn reserved_memory_stays_level_over_epochs_of_a_multi_threaded_loader_fused() {
     assert_bounded("CachingWgpu", &caching);
 }
 
-/// Unfused: the same bound. Measured: 4.0 MiB after every epoch, or 2.0 after the first and 4.0
-/// after every later one; idle lenders only: 4.0 or 6.0, then up to 10.0. In a child process as
+/// Unfused: the same bound. Measured: 2.0 MiB after every epoch. In a child process as
 /// well, so that it starts from a device no other test used.
 #[test]
 fn reserved_memory_stays_level_over_epochs_of_a_multi_threaded_loader_unfused() {

@@ -20,7 +20,7 @@ pub const CONFIG_ENV: &str = "BURN_CACHING_ALLOC_CONF";
 /// [`AllocatorConfig::pytorch`] parses; give it to [`CONFIG_ENV`] for the same from the
 /// environment.
 pub const PYTORCH_CONFIG: &str = "expandable_segments:False,segment_sizing:pytorch,\
-pool_borrowing:false,cross_stream_reuse:false,cross_stream_lending:false,release_outgrown:false";
+pool_borrowing:false,cross_stream_reuse:false,release_outgrown:false";
 
 /// The most trace events `history_capacity` may keep: 2^24 (16 777 216). An event takes
 /// about a hundred bytes and more with its stack, so the largest ring is a few GiB; the 2^32
@@ -206,21 +206,13 @@ pub struct AllocatorConfig {
     /// another stream cached, behind a device-side wait for an event recorded on that stream
     /// after the segment's last free where the device can wait between streams, else once
     /// such an event has completed (the default; idle streams first), or never, as in PyTorch, whose
-    /// blocks serve only the stream that allocated them (`cross_stream_reuse:false`). Files
-    /// written before the key existed used PyTorch's rule and read back as it.
+    /// blocks serve only the stream that allocated them (`cross_stream_reuse:false`). Where no
+    /// whole segment fits, a small request of a stream with no small segment of its own (a new
+    /// thread) is lent free room of another stream's small segment that the lender's own use
+    /// has never needed, the requester recorded as a use of it. Files written before the key
+    /// existed used PyTorch's rule and read back as it.
     #[serde(default)]
     pub cross_stream_reuse: bool,
-    /// With `cross_stream_reuse`, whether a miss that no wholly free segment of another
-    /// stream serves may also be lent a free block of a busy stream's small pool (the
-    /// default), once that stream's work on it is done, the block staying in its stream's
-    /// segment and the requester recorded as a use of it, or only a block of an idle stream
-    /// (`cross_stream_lending:false`). A busy stream lends only to a stream with no segment of
-    /// the pool (a new thread), and only room its own use has never needed (its free bytes
-    /// after the loan still cover its peak use minus its use now), so a data loader's new
-    /// workers are served by the free part of the training thread's small segment instead of a
-    /// 2 MiB segment each. Files written before the key existed read back without it (off).
-    #[serde(default)]
-    pub cross_stream_lending: bool,
     /// Whether a large request that none of its stream's cached blocks can serve, about to
     /// take a new segment of `n` bytes, first returns up to `n` bytes of the stream's wholly
     /// free large segments to the device, smallest first (the default): a working set that
@@ -305,7 +297,6 @@ impl Default for AllocatorConfig {
             segment_sizing: SegmentSizing::Grow,
             pool_borrowing: true,
             cross_stream_reuse: true,
-            cross_stream_lending: true,
             release_outgrown: true,
             throw_on_cudamalloc_oom: false,
             no_cuda_memory_caching: false,
@@ -468,7 +459,7 @@ macro_rules! key {
 }
 
 /// Every key the configuration string accepts, one row each (a new key is a new row).
-const KEYS: [Key; 18] = [
+const KEYS: [Key; 17] = [
     key!("expandable_segments", |config, key, value| {
         config.expandable_segments = parse_true_false(key, value)?
     }),
@@ -484,9 +475,6 @@ const KEYS: [Key; 18] = [
     }),
     key!("cross_stream_reuse", |config, key, value| {
         config.cross_stream_reuse = parse_true_false(key, value)?
-    }),
-    key!("cross_stream_lending", |config, key, value| {
-        config.cross_stream_lending = parse_true_false(key, value)?
     }),
     key!("release_outgrown", |config, key, value| {
         config.release_outgrown = parse_true_false(key, value)?

@@ -156,17 +156,15 @@ fn segment_sizing_names_the_rule_and_old_files_read_as_pytorch() {
     assert_eq!(old.segment_sizing, SegmentSizing::Pytorch);
 }
 
-/// Our boolean rules (`pool_borrowing`, `cross_stream_reuse`, `cross_stream_lending`,
-/// `release_outgrown`): on by default, off by their key, a bad value an error naming the key,
+/// Our boolean rules (`pool_borrowing`, `cross_stream_reuse`, `release_outgrown`): on by default, off by their key, a bad value an error naming the key,
 /// and a configuration serialised before the key existed (in a snapshot) reads back with
 /// PyTorch's rule (off).
 #[test]
 fn our_rules_are_on_by_default_and_old_files_read_as_pytorch() {
     type Rule = fn(&AllocatorConfig) -> bool;
-    let rules: [(&str, &str, Rule); 4] = [
+    let rules: [(&str, &str, Rule); 3] = [
         ("pool_borrowing", "off", |c| c.pool_borrowing),
         ("cross_stream_reuse", "yes", |c| c.cross_stream_reuse),
-        ("cross_stream_lending", "maybe", |c| c.cross_stream_lending),
         ("release_outgrown", "2", |c| c.release_outgrown),
     ];
     for (key, bad, rule) in rules {
@@ -427,8 +425,8 @@ fn the_pinned_host_keys_parse_as_mib_with_0_allowed() {
     assert_eq!(old, AllocatorConfig::default());
 }
 
-/// `AllocatorConfig::pytorch()` is every rule PyTorch's: the five keys whose defaults are ours
-/// at PyTorch's values, everything else at the defaults (which are PyTorch's), and the same as
+/// `AllocatorConfig::pytorch()` is every rule PyTorch's: the four keys whose defaults are ours
+/// at PyTorch's values, `expandable_segments` off, everything else at the defaults (which are PyTorch's), and the same as
 /// its string `PYTORCH_CONFIG`.
 #[test]
 fn the_pytorch_preset_sets_every_key_of_ours_to_pytorchs_rule() {
@@ -440,15 +438,32 @@ fn the_pytorch_preset_sets_every_key_of_ours_to_pytorchs_rule() {
     assert!(!pytorch.pool_borrowing);
     assert!(!pytorch.cross_stream_reuse);
     assert!(!pytorch.release_outgrown);
-    assert!(!pytorch.cross_stream_lending);
     // Everything else as the defaults.
     let mut ours = AllocatorConfig::default();
     ours.segment_sizing = SegmentSizing::Pytorch;
     ours.pool_borrowing = false;
     ours.cross_stream_reuse = false;
-    ours.cross_stream_lending = false;
     ours.release_outgrown = false;
     assert_eq!(pytorch, ours);
+}
+
+/// `cross_stream_lending` is gone (lending is part of `cross_stream_reuse`): the key is unknown,
+/// and a configuration serialised while it existed reads back without it.
+#[test]
+fn the_removed_lending_key_is_an_unknown_key_and_old_files_still_read() {
+    use caching_alloc_engine::alloc::ConfigError;
+    let err = AllocatorConfig::parse("cross_stream_lending:false").unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::UnknownKey { key } if key == "cross_stream_lending"),
+        "{err}"
+    );
+    let mut json = serde_json::to_value(AllocatorConfig::default()).unwrap();
+    json.as_object_mut().unwrap().insert(
+        "cross_stream_lending".into(),
+        serde_json::Value::Bool(false),
+    );
+    let old: AllocatorConfig = serde_json::from_value(json).unwrap();
+    assert_eq!(old, AllocatorConfig::default());
 }
 
 /// One rule for keys an old serialised configuration lacks: it reads them back as
@@ -465,7 +480,6 @@ fn a_serialised_configuration_without_our_keys_reads_back_as_the_pytorch_preset(
         "segment_sizing",
         "pool_borrowing",
         "cross_stream_reuse",
-        "cross_stream_lending",
         "release_outgrown",
         "throw_on_cudamalloc_oom",
         "no_cuda_memory_caching",

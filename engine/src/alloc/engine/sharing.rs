@@ -46,8 +46,7 @@
 //! moving it: the block stays its stream's, split there by the usual rules, and the requesting
 //! stream is recorded as a use of it (PyTorch's `record_stream`), so its free waits for an
 //! event on the requesting stream before the block serves its own stream again. Idle streams
-//! lend any block. A busy stream (with `cross_stream_lending`, the default) lends only to a
-//! stream that holds **no segment of the request's pool** (a new thread's first memory), and
+//! lend any block. A busy stream lends only to a stream that holds **no segment of the request's pool** (a new thread's first memory), and
 //! only **small-pool room its own use has never needed**: each stream counts the bytes of its
 //! blocks it allocated itself, now and at their peak, and a loan must leave its free bytes in
 //! the pool covering that peak minus its use now. A new data-loader worker's 100 KiB batch is
@@ -56,12 +55,12 @@
 //! many workers the scheduler ran at once. Between threads that keep working, each thread's
 //! cache still comes to cover its own work: once it has a segment of the pool, its misses
 //! grow it, as under PyTorch's rule, so a steady loop settles after its first rounds: a
-//! thread that lived on loans takes its one small segment when a loan is first refused, which
-//! the interleaving may put in a later round (the runtime's soak bounds it: one small segment
-//! per thread after round 2; lending busy threads' working sets to each other without the
-//! limits grew segments round after round). Large blocks of busy streams are never lent.
-//! `cross_stream_lending:false` lends only from idle streams, and a steady loop is then flat
-//! from its second round.
+//! thread that lived on loans takes its one small segment when a loan is first refused.
+//! Large blocks of busy streams are never lent (a large block is a working tensor of its
+//! stream's own loop). Without lending each new thread would take a 2 MiB small segment of
+//! its own: on a simulated device with CUDA's waits, a loader's 2 to 8 workers making
+//! 100 KiB batches reserve 6 MiB with it and 10 to 22 MiB without
+//! (`docs/decisions/threads-and-streams.md`).
 //!
 //! Statistics: a moved segment stays in its pool (no statistic changes but
 //! `num_stream_shares`, which counts the moves); it costs no device call. A lent block is an
@@ -438,12 +437,9 @@ impl<D: DeviceMemory> Engine<D> {
         if !self.sharing() || self.streams.streams.len() < 2 {
             return None;
         }
-        // A busy stream lends only under `cross_stream_lending` (the default), to a stream
-        // without a segment of the pool, small-pool room its own use never needed (see the
-        // module documentation).
-        let busy_lend = self.config.cross_stream_lending
-            && pool == PoolKind::Small
-            && !self.holds_segment(stream, pool);
+        // A busy stream lends only to a stream without a segment of the pool, small-pool room
+        // its own use never needed (see the module documentation).
+        let busy_lend = pool == PoolKind::Small && !self.holds_segment(stream, pool);
         let mut free: Option<HashMap<DeviceStream, u64>> = None;
         let best = self.best_of_other_streams(stream, |engine, i, idle| {
             if !idle {

@@ -161,7 +161,6 @@ pub fn install_wgpu(
     // stream is safe only for that stream (whose later work is ordered after it). The engine's
     // wgpu fences pass at once, so it could not tell; PyTorch's per-stream rule holds here.
     config.cross_stream_reuse = false;
-    config.cross_stream_lending = false;
     let mut installed = false;
     let hook = WGPU.get_or_init(|| {
         installed = true;
