@@ -94,6 +94,37 @@ pub use caching_alloc_engine::{alloc, device};
 #[cfg(all(doctest, feature = "cuda", feature = "wgpu", feature = "fusion"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The guide's chapters (`docs/src/`), their Rust blocks compiled as doc tests as the README's
+/// are. `using.md` is compiled by `examples/mnist-train` (one block calls that crate), and
+/// `burn-022.md` and `upstream-hook.md` by `examples/burn-022/hook` (Burn 0.22, CubeCL 0.11).
+#[cfg(doctest)]
+mod guide_doctests {
+    /// `docs/src/seeing-memory.md`.
+    #[cfg(feature = "wgpu")]
+    #[doc = include_str!("../docs/src/seeing-memory.md")]
+    pub struct SeeingMemory;
+    /// `docs/src/configuration.md`.
+    #[cfg(feature = "wgpu")]
+    #[doc = include_str!("../docs/src/configuration.md")]
+    pub struct Configuration;
+    /// `docs/src/cuda.md`.
+    #[cfg(feature = "cuda")]
+    #[doc = include_str!("../docs/src/cuda.md")]
+    pub struct Cuda;
+    /// `docs/src/several-devices.md`.
+    #[cfg(all(feature = "wgpu", feature = "train", feature = "distributed"))]
+    #[doc = include_str!("../docs/src/several-devices.md")]
+    pub struct SeveralDevices;
+    /// `docs/src/placement.md`.
+    #[doc = include_str!("../docs/src/placement.md")]
+    pub struct Placement;
+    /// `docs/src/troubleshooting.md`.
+    #[cfg(feature = "wgpu")]
+    #[doc = include_str!("../docs/src/troubleshooting.md")]
+    pub struct Troubleshooting;
+}
+
 #[cfg(feature = "runtime")]
 pub mod backend;
 #[cfg(feature = "cuda")]

@@ -1,73 +1,4 @@
-//! What a training step's memory is: parameters, gradients, optimizer state, activations and
-//! the rest (`component_bytes.*` in `memory_stats`; the categories of PyTorch's profiler memory
-//! view, computed here from memory scopes a training loop opens in a few lines, not from
-//! PyTorch's profiler).
-//!
-//! ```no_run
-//! # #[cfg(feature = "wgpu")]
-//! # fn main() {
-//! use burn::backend::Autodiff;
-//! use burn::backend::wgpu::WgpuDevice;
-//! use burn::nn::{Linear, LinearConfig};
-//! use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-//! use burn::tensor::Tensor;
-//! use burn_caching_alloc::backend::{self, CachingWgpu, Components};
-//!
-//! type B = Autodiff<CachingWgpu>;
-//! let device = WgpuDevice::default();
-//! let components = Components::new(&device);
-//! let mut model: Linear<B> = {
-//!     let _parameters = components.parameters();
-//!     LinearConfig::new(64, 10).init(&device)
-//! };
-//! components.track(&model);
-//! let mut optimizer = AdamConfig::new().init();
-//! for _ in 0..3 {
-//!     let x = Tensor::<B, 2>::ones([32, 64], &device);
-//!     let loss = {
-//!         let _forward = components.forward();
-//!         model.forward(x).mean()
-//!     };
-//!     let grads = {
-//!         let _backward = components.backward();
-//!         GradientsParams::from_grads(loss.backward(), &model)
-//!     };
-//!     model = {
-//!         let _step = components.step();
-//!         optimizer.step(1e-3, model, grads)
-//!     };
-//! }
-//! let bytes = backend::memory_stats(&device).components.expect("tracked");
-//! println!("parameters {} B, optimizer state {} B", bytes.parameter, bytes.optimizer_state);
-//! # }
-//! # #[cfg(not(feature = "wgpu"))]
-//! # fn main() {}
-//! ```
-//!
-//! How each number is made, and what stays approximate:
-//!
-//! - **parameter**: the blocks the module's parameters need, from Burn's module visitor
-//!   ([`Components::track`]: each float, int and bool parameter's bytes, rounded as the engine
-//!   rounds a request), capped by what the parameter and optimizer scopes hold.
-//! - **optimizer_state**: what the parameter scope ([`Components::parameters`]) and the
-//!   optimizer step ([`Components::step`]) hold, less the parameters. An optimizer step in Burn
-//!   returns new parameter tensors (or updates them in place); either way the parameters and
-//!   the optimizer's state are the live blocks those two scopes made, and the parameters' share
-//!   is known from their shapes.
-//! - **gradient**: what [`Components::backward`] allocated and is still live. When the step
-//!   ends, whatever the backward pass allocated and the step did not free has become the
-//!   optimizer's (Burn runs operations in place on buffers they consume, so a gradient's buffer
-//!   can become a moment); it moves to the optimizer state.
-//! - **activation**: what [`Components::forward`] allocated and is still live: the tensors
-//!   autodiff keeps for the backward pass, and the outputs the loop holds.
-//! - **other**: every other live block (input batches, metrics, anything made outside the
-//!   scopes).
-//!
-//! With burn-train, the forward and backward passes are the user's `TrainStep::step`, where
-//! [`Components::forward`] and [`Components::backward`] open; the optimizer's step is the
-//! learner's (`learner.optimizer_step`), with no hook around it, so its allocations count as
-//! "other" and the gradients it leaves live stay "gradient". The loop above is the way to see
-//! all five.
+//! The components of a training loop's memory: [`Components`].
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -156,7 +87,78 @@ pub(crate) fn tracked_parameters<Dev: CachingDevice>(device: &Dev) -> Option<u64
     PARAMETERS.lock().get(&device.to_id()).copied()
 }
 
-/// The memory scopes of a training loop's phases on one device (see the module docs).
+/// The memory scopes of a training loop's phases on one device.
+///
+/// What a training step's memory is: parameters, gradients, optimizer state, activations and
+/// the rest (`component_bytes.*` in `memory_stats`; the categories of PyTorch's profiler memory
+/// view, computed here from memory scopes a training loop opens in a few lines, not from
+/// PyTorch's profiler).
+///
+/// ```no_run
+/// # #[cfg(feature = "wgpu")]
+/// # fn main() {
+/// use burn::backend::Autodiff;
+/// use burn::backend::wgpu::WgpuDevice;
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+/// use burn::tensor::Tensor;
+/// use burn_caching_alloc::backend::{self, CachingWgpu, Components};
+///
+/// type B = Autodiff<CachingWgpu>;
+/// let device = WgpuDevice::default();
+/// let components = Components::new(&device);
+/// let mut model: Linear<B> = {
+///     let _parameters = components.parameters();
+///     LinearConfig::new(64, 10).init(&device)
+/// };
+/// components.track(&model);
+/// let mut optimizer = AdamConfig::new().init();
+/// for _ in 0..3 {
+///     let x = Tensor::<B, 2>::ones([32, 64], &device);
+///     let loss = {
+///         let _forward = components.forward();
+///         model.forward(x).mean()
+///     };
+///     let grads = {
+///         let _backward = components.backward();
+///         GradientsParams::from_grads(loss.backward(), &model)
+///     };
+///     model = {
+///         let _step = components.step();
+///         optimizer.step(1e-3, model, grads)
+///     };
+/// }
+/// let bytes = backend::memory_stats(&device).components.expect("tracked");
+/// println!("parameters {} B, optimizer state {} B", bytes.parameter, bytes.optimizer_state);
+/// # }
+/// # #[cfg(not(feature = "wgpu"))]
+/// # fn main() {}
+/// ```
+///
+/// How each number is made, and what stays approximate:
+///
+/// - **parameter**: the blocks the module's parameters need, from Burn's module visitor
+///   ([`Components::track`]: each float, int and bool parameter's bytes, rounded as the engine
+///   rounds a request), capped by what the parameter and optimizer scopes hold.
+/// - **optimizer_state**: what the parameter scope ([`Components::parameters`]) and the
+///   optimizer step ([`Components::step`]) hold, less the parameters. An optimizer step in Burn
+///   returns new parameter tensors (or updates them in place); either way the parameters and
+///   the optimizer's state are the live blocks those two scopes made, and the parameters' share
+///   is known from their shapes.
+/// - **gradient**: what [`Components::backward`] allocated and is still live. When the step
+///   ends, whatever the backward pass allocated and the step did not free has become the
+///   optimizer's (Burn runs operations in place on buffers they consume, so a gradient's buffer
+///   can become a moment); it moves to the optimizer state.
+/// - **activation**: what [`Components::forward`] allocated and is still live: the tensors
+///   autodiff keeps for the backward pass, and the outputs the loop holds.
+/// - **other**: every other live block (input batches, metrics, anything made outside the
+///   scopes).
+///
+/// With burn-train, the forward and backward passes are the user's `TrainStep::step`, where
+/// [`Components::forward`] and [`Components::backward`] open; the optimizer's step is the
+/// learner's (`learner.optimizer_step`), with no hook around it, so its allocations count as
+/// "other" and the gradients it leaves live stay "gradient". The loop above is the way to see
+/// all five.
 #[derive(Clone, Debug)]
 pub struct Components<Dev: CachingDevice> {
     device: Dev,

@@ -41,12 +41,14 @@ pub enum ConfigureError {
 /// wgpu, any index) takes its own. Calling it again before the device opens replaces the
 /// configuration.
 ///
-/// ```ignore
+/// ```no_run
 /// use burn_caching_alloc::alloc::AllocatorConfig;
 /// use burn_caching_alloc::backend;
+/// # fn example<D: backend::CachingDevice>(device: D) -> Result<(), Box<dyn std::error::Error>> {
 ///
-/// let device = burn::backend::wgpu::WgpuDevice::DiscreteGpu(1);
 /// backend::configure(&device, AllocatorConfig::parse("max_split_size_mb:64")?)?;
+/// # Ok(())
+/// # }
 /// ```
 ///
 /// # Errors

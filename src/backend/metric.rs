@@ -1,34 +1,4 @@
-//! burn-train metrics of the caching allocator's memory (feature `train`): the bytes of live
-//! tensors and of reserved segments beside the loss on `SupervisedTraining`'s dashboard.
-//!
-//! ```ignore
-//! use burn_caching_alloc::backend::MemoryMetrics;
-//!
-//! let training = SupervisedTraining::new(dir, train, valid)
-//!     .metrics((LossMetric::new(),))
-//!     .metrics(MemoryMetrics::new(&device).all()); // train and valid
-//! ```
-//!
-//! Each metric is numeric, in MiB: [`MemoryQuantity::Allocated`] (bytes of live tensors,
-//! `memory_allocated`), [`MemoryQuantity::Reserved`] (the engine's segments,
-//! `memory_reserved`), and the peaks **since the previous reading** of the group:
-//! [`MemoryQuantity::PeakAllocated`] (the engine's peak of allocated blocks, which counts
-//! CubeCL's free slices too; equal to the live tensors' peak while history is recorded) and
-//! [`MemoryQuantity::PeakReserved`]. Reading changes nothing on the device: the group keeps
-//! its own baseline (the device's peaks at its previous reading) and never resets the device's
-//! peak statistics, which stay the user's (`max_memory_allocated` reads what it would read
-//! without the metrics). When the device's peak rose since the previous reading, that peak
-//! was reached since then and is shown; otherwise the peak since then is not known (the
-//! device's is older), and the higher of the two readings' current values is shown.
-//!
-//! The metrics of one [`MemoryMetrics`] group share their readings: within one update round
-//! (burn-train updates every metric once per item, in the order registered) the group's first
-//! metric (the first one [`MemoryMetrics::metric`] made: `Allocated` for
-//! [`MemoryMetrics::all`]) reads `memory_stats` and the others show the same reading, so the
-//! four numbers of a step belong together. burn-train registers a copy of each metric for
-//! training and one for validation; each copy of the first metric takes its own reading, so a
-//! validation step never shows the last training step's numbers. (A metric that has already
-//! shown the current reading also takes a new one.)
+//! burn-train metrics of the caching allocator's memory (feature `train`): [`MemoryMetrics`].
 
 use std::sync::Arc;
 
@@ -97,7 +67,42 @@ struct Shared {
     first_made: bool,
 }
 
-/// The metrics of one device that share their readings.
+/// The metrics of one device that share their readings: burn-train metrics of the caching
+/// allocator's memory (feature `train`), the bytes of live tensors and of reserved segments
+/// beside the loss on `SupervisedTraining`'s dashboard.
+///
+/// ```no_run
+/// # use burn_train::{LearningComponentsTypes, SupervisedTraining};
+/// # use burn_caching_alloc::backend::CachingDevice;
+/// # fn example<LC, D>(training: SupervisedTraining<LC>, device: D) -> SupervisedTraining<LC>
+/// # where LC: LearningComponentsTypes, D: CachingDevice + Clone + Send + Sync {
+/// use burn_caching_alloc::backend::MemoryMetrics;
+///
+/// // training = SupervisedTraining::new(dir, train, valid).metrics((LossMetric::new(),))
+/// training.metrics(MemoryMetrics::new(&device).all()) // train and valid
+/// # }
+/// ```
+///
+/// Each metric is numeric, in MiB: [`MemoryQuantity::Allocated`] (bytes of live tensors,
+/// `memory_allocated`), [`MemoryQuantity::Reserved`] (the engine's segments,
+/// `memory_reserved`), and the peaks **since the previous reading** of the group:
+/// [`MemoryQuantity::PeakAllocated`] (the engine's peak of allocated blocks, which counts
+/// CubeCL's free slices too; equal to the live tensors' peak while history is recorded) and
+/// [`MemoryQuantity::PeakReserved`]. Reading changes nothing on the device: the group keeps
+/// its own baseline (the device's peaks at its previous reading) and never resets the device's
+/// peak statistics, which stay the user's (`max_memory_allocated` reads what it would read
+/// without the metrics). When the device's peak rose since the previous reading, that peak
+/// was reached since then and is shown; otherwise the peak since then is not known (the
+/// device's is older), and the higher of the two readings' current values is shown.
+///
+/// The metrics of one [`MemoryMetrics`] group share their readings: within one update round
+/// (burn-train updates every metric once per item, in the order registered) the group's first
+/// metric (the first one [`MemoryMetrics::metric`] made: `Allocated` for
+/// [`MemoryMetrics::all`]) reads `memory_stats` and the others show the same reading, so the
+/// four numbers of a step belong together. burn-train registers a copy of each metric for
+/// training and one for validation; each copy of the first metric takes its own reading, so a
+/// validation step never shows the last training step's numbers. (A metric that has already
+/// shown the current reading also takes a new one.)
 pub struct MemoryMetrics<Dev: CachingDevice> {
     device: Dev,
     shared: Arc<Mutex<Shared>>,
@@ -113,6 +118,13 @@ impl<Dev: CachingDevice + Clone + Send + Sync> MemoryMetrics<Dev> {
     }
 
     /// The metric of `quantity` in this group.
+    ///
+    /// ```no_run
+    /// # use burn_caching_alloc::backend::{CachingDevice, MemoryMetrics, MemoryQuantity};
+    /// # fn example<D: CachingDevice + Clone + Send + Sync>(device: D) {
+    /// let reserved = MemoryMetrics::new(&device).metric(MemoryQuantity::Reserved);
+    /// # }
+    /// ```
     pub fn metric(&self, quantity: MemoryQuantity) -> CachingMemoryMetric<Dev> {
         let mut shared = self.shared.lock();
         let first = !std::mem::replace(&mut shared.first_made, true);
@@ -148,8 +160,8 @@ impl<Dev: CachingDevice + Clone + Send + Sync> MemoryMetrics<Dev> {
     }
 }
 
-/// A burn-train numeric metric of one of a device's memory numbers, in MiB (see the module
-/// documentation). Its input is `()`: it reads the device, not the model's output.
+/// A burn-train numeric metric of one of a device's memory numbers, in MiB (see
+/// [`MemoryMetrics`]). Its input is `()`: it reads the device, not the model's output.
 pub struct CachingMemoryMetric<Dev: CachingDevice> {
     device: Dev,
     quantity: MemoryQuantity,

@@ -209,11 +209,13 @@ pub type CachingCudaUnfused<F = f32, I = i32, B = u8> =
 /// call this first to handle the error instead. Opening an open device does nothing; a
 /// device that failed to open returns the same error on every call.
 ///
-/// ```ignore
-/// let device = burn::backend::wgpu::WgpuDevice::default();
-/// if let Err(err) = burn_caching_alloc::backend::open(&device) {
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// if let Err(err) = backend::open(&device) {
 ///     eprintln!("no caching allocator: {err}");
 /// }
+/// # }
 /// ```
 ///
 /// # Errors
@@ -224,6 +226,15 @@ pub fn open<Dev: CachingDevice>(device: &Dev) -> Result<(), crate::runtime::Driv
 }
 
 /// Statistics of `device` (PyTorch's `torch.cuda.memory_stats`, plus CubeCL's layer).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// let stats = backend::memory_stats(&device);
+/// println!("allocated {} of reserved {}", stats.memory_allocated(), stats.memory_reserved());
+/// let retries = stats.to_map()["num_alloc_retries"]; // torch.cuda.memory_stats()'s keys
+/// # }
+/// ```
 pub fn memory_stats<Dev: CachingDevice>(device: &Dev) -> CachingMemoryStats {
     let mut stats = stats_of(settled(device));
     stats.components = ComponentBytes::of(&stats.engine, components::tracked_parameters(device));
@@ -245,28 +256,65 @@ fn stats_of<M: crate::device::DeviceMemory>(settled: Settled<M>) -> CachingMemor
 }
 
 /// Bytes of `device`'s live tensors' blocks (PyTorch's `torch.cuda.memory_allocated`).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// println!("{} B in live tensors", backend::memory_allocated(&device));
+/// # }
+/// ```
 pub fn memory_allocated<Dev: CachingDevice>(device: &Dev) -> u64 {
     memory_stats(device).memory_allocated()
 }
 
 /// Peak of [`memory_allocated`] since the last [`reset_peak_memory_stats`] (PyTorch's
 /// `max_memory_allocated`; see the module docs for what the peak covers).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// backend::reset_peak_memory_stats(&device);
+/// // ... a step ...
+/// println!("the step's peak: {} B", backend::max_memory_allocated(&device));
+/// # }
+/// ```
 pub fn max_memory_allocated<Dev: CachingDevice>(device: &Dev) -> u64 {
     memory_stats(device).max_memory_allocated()
 }
 
 /// Bytes of `device`'s segments (PyTorch's `torch.cuda.memory_reserved`).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// println!("{} B in segments", backend::memory_reserved(&device));
+/// # }
+/// ```
 pub fn memory_reserved<Dev: CachingDevice>(device: &Dev) -> u64 {
     memory_stats(device).memory_reserved()
 }
 
 /// Peak of [`memory_reserved`] since the last [`reset_peak_memory_stats`].
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// println!("peak reserved: {} B", backend::max_memory_reserved(&device));
+/// # }
+/// ```
 pub fn max_memory_reserved<Dev: CachingDevice>(device: &Dev) -> u64 {
     memory_stats(device).max_memory_reserved()
 }
 
 /// A human-readable table of `device`'s memory (PyTorch's `memory_summary`), with a line for
 /// each layer's cache, and on CUDA one for the pinned host pool that stages copies.
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// println!("{}", backend::memory_summary(&device));
+/// # }
+/// ```
 pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
     // One reading of the statistics: the table and the lines below it agree.
     let stats = stats_of(settled(device));
@@ -318,6 +366,16 @@ fn pinned_summary(host: crate::runtime::PinnedHostStats) -> String {
 
 /// Every segment and block of `device`'s engine (PyTorch's `memory_snapshot`); CubeCL's free
 /// slices are free blocks in it.
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// let snapshot = backend::memory_snapshot(&device);
+/// for segment in &snapshot.segments {
+///     println!("{:#x}: {} B in {} blocks", segment.address, segment.total_size, segment.blocks.len());
+/// }
+/// # }
+/// ```
 pub fn memory_snapshot<Dev: CachingDevice>(device: &Dev) -> Snapshot {
     settled(device).entry.allocator.snapshot()
 }
@@ -325,6 +383,14 @@ pub fn memory_snapshot<Dev: CachingDevice>(device: &Dev) -> Snapshot {
 /// Returns every cached byte of both layers to the device: free CubeCL slices go back to the
 /// engine, then the engine frees every segment with no live block (PyTorch's `empty_cache`).
 /// Burn's `B::memory_cleanup(&device)` does the same.
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// backend::empty_cache(&device);
+/// println!("{} B still reserved by live tensors' segments", backend::memory_reserved(&device));
+/// # }
+/// ```
 pub fn empty_cache<Dev: CachingDevice>(device: &Dev) {
     opened(device);
     Dev::Runtime::client(device).memory_cleanup();
@@ -333,6 +399,15 @@ pub fn empty_cache<Dev: CachingDevice>(device: &Dev) {
 
 /// Sets every peak statistic of `device` to its current value (PyTorch's
 /// `reset_peak_memory_stats`).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// backend::reset_peak_memory_stats(&device);
+/// // ... an epoch ...
+/// println!("the epoch's peak: {} B", backend::max_memory_reserved(&device));
+/// # }
+/// ```
 pub fn reset_peak_memory_stats<Dev: CachingDevice>(device: &Dev) {
     let entry = settled(device).entry;
     entry.allocator.reset_peak_memory_stats();
@@ -344,6 +419,14 @@ pub fn reset_peak_memory_stats<Dev: CachingDevice>(device: &Dev) {
 /// Zeroes every cumulative statistic of `device`: the `allocated`/`freed` totals and the
 /// counters (`num_ooms`, `num_device_alloc`, ...) (PyTorch's
 /// `reset_accumulated_memory_stats`).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// backend::reset_accumulated_memory_stats(&device);
+/// assert_eq!(backend::memory_stats(&device).engine.num_ooms, 0);
+/// # }
+/// ```
 pub fn reset_accumulated_memory_stats<Dev: CachingDevice>(device: &Dev) {
     let entry = settled(device).entry;
     entry.allocator.reset_accumulated_memory_stats();
@@ -354,6 +437,14 @@ pub fn reset_accumulated_memory_stats<Dev: CachingDevice>(device: &Dev) {
 
 /// Caps `device`'s reserved memory at `fraction` of its total: allocations that would go above
 /// fail like a device out-of-memory (after the allocator freed what it could).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) -> Result<(), Box<dyn std::error::Error>> {
+/// backend::set_per_process_memory_fraction(&device, 0.5)?; // half the device at most
+/// # Ok(())
+/// # }
+/// ```
 pub fn set_per_process_memory_fraction<Dev: CachingDevice>(
     device: &Dev,
     fraction: f64,
@@ -372,9 +463,13 @@ pub fn set_per_process_memory_fraction<Dev: CachingDevice>(
 /// was placed before stays as it is (`expandable_segments` applies to segments made after
 /// the call). See `CachingAllocator::set_allocator_settings` for each key.
 ///
-/// ```ignore
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) -> Result<(), Box<dyn std::error::Error>> {
 /// backend::set_allocator_settings(&device, "max_split_size_mb:64,garbage_collection_threshold:0.8")?;
 /// assert_eq!(backend::allocator_settings(&device).max_split_size, Some(64 << 20));
+/// # Ok(())
+/// # }
 /// ```
 ///
 /// # Errors
@@ -391,6 +486,14 @@ pub fn set_allocator_settings<Dev: CachingDevice>(
 /// The configuration `device`'s allocator runs with now: what it opened with, changed by
 /// [`set_allocator_settings`], [`set_per_process_memory_fraction`] and
 /// [`record_memory_history`].
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// let config = backend::allocator_settings(&device);
+/// println!("max_split_size: {:?}", config.max_split_size);
+/// # }
+/// ```
 pub fn allocator_settings<Dev: CachingDevice>(device: &Dev) -> AllocatorConfig {
     opened(device).allocator.config()
 }
@@ -409,6 +512,16 @@ pub enum TraceError {
 /// Writes `device`'s engine trace (JSON) to the path in `BURN_CACHING_ALLOC_TRACE` and returns
 /// that path. Setting the variable before the device opens turns history recording on; the
 /// trace is written only when this is called (the runtime never drops its servers).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) -> Result<(), Box<dyn std::error::Error>> {
+/// // Run with BURN_CACHING_ALLOC_TRACE=trace.json.gz set before the device opens.
+/// let path = backend::write_trace(&device)?;
+/// println!("trace written to {}", path.display());
+/// # Ok(())
+/// # }
+/// ```
 pub fn write_trace<Dev: CachingDevice>(device: &Dev) -> Result<PathBuf, TraceError> {
     let path = crate::runtime::env::trace_path().ok_or(TraceError::NoPath)?;
     write_trace_to(device, &path)?;
@@ -416,6 +529,14 @@ pub fn write_trace<Dev: CachingDevice>(device: &Dev) -> Result<PathBuf, TraceErr
 }
 
 /// Writes `device`'s engine trace (JSON) to `path`, gzipped when `path` ends in `.gz`.
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) -> Result<(), Box<dyn std::error::Error>> {
+/// backend::write_trace_to(&device, "trace.json.gz".as_ref())?;
+/// # Ok(())
+/// # }
+/// ```
 pub fn write_trace_to<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(), TraceError> {
     Ok(settled(device).entry.allocator.trace().write_file(path)?)
 }
@@ -433,6 +554,19 @@ pub fn write_trace_to<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(
 /// Recording started after the device opened sees the engine's blocks: a tensor whose freed
 /// CubeCL slice is reused for one of exactly the same size makes no engine event (set
 /// `BURN_CACHING_ALLOC_TRACE` before the device opens to hand every freed slice back).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) -> Result<(), Box<dyn std::error::Error>> {
+/// use burn_caching_alloc::alloc::{HistoryOptions, StackContext};
+///
+/// backend::record_memory_history(&device, HistoryOptions::default().with_context(StackContext::Alloc));
+/// // ... the steps to look at ...
+/// backend::dump_snapshot(&device, "snapshot.pickle")?;
+/// backend::record_memory_history(&device, HistoryOptions::off());
+/// # Ok(())
+/// # }
+/// ```
 pub fn record_memory_history<Dev: CachingDevice>(device: &Dev, options: HistoryOptions) {
     settled(device)
         .entry
@@ -443,6 +577,14 @@ pub fn record_memory_history<Dev: CachingDevice>(device: &Dev, options: HistoryO
 /// Writes `device`'s segments, blocks and history as a PyTorch-format pickle (PyTorch's
 /// `torch.cuda.memory._dump_snapshot`): `_memory_viz.py` and <https://pytorch.org/memory_viz>
 /// open it.
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) -> Result<(), Box<dyn std::error::Error>> {
+/// backend::dump_snapshot(&device, "snapshot.pickle")?; // https://pytorch.org/memory_viz
+/// # Ok(())
+/// # }
+/// ```
 pub fn dump_snapshot<Dev: CachingDevice>(
     device: &Dev,
     path: impl AsRef<Path>,
@@ -452,6 +594,14 @@ pub fn dump_snapshot<Dev: CachingDevice>(
 
 /// Writes the offline viewer of `device`'s memory to `path`: one self-contained HTML file
 /// with the timeline, the segment map, the blocks' stacks, and the summary with CubeCL's layer.
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) -> Result<(), Box<dyn std::error::Error>> {
+/// backend::dump_html(&device, "memory.html")?; // open it in any browser, offline
+/// # Ok(())
+/// # }
+/// ```
 pub fn dump_html<Dev: CachingDevice>(
     device: &Dev,
     path: impl AsRef<Path>,
@@ -479,6 +629,13 @@ pub fn dump_html<Dev: CachingDevice>(
 /// flushed its cache and retried; or a request that can never fit). It runs on a thread of
 /// the allocator's own, not inside the server's task, so it may call [`memory_stats`],
 /// [`empty_cache`] or dump a snapshot; a panicking observer is caught and logged.
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// backend::on_out_of_memory(&device, |error| eprintln!("{error}"));
+/// # }
+/// ```
 pub fn on_out_of_memory<Dev: CachingDevice>(
     device: &Dev,
     observer: impl Fn(&AllocError) + Send + Sync + 'static,
@@ -490,6 +647,13 @@ pub fn on_out_of_memory<Dev: CachingDevice>(
 /// history and stacks when they are recorded), once; `None` stops it. The same as
 /// `BURN_CACHING_ALLOC_OOM_SNAPSHOT`, set from code (and the allocator's
 /// `dump_snapshot_on_oom`).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// backend::dump_snapshot_on_oom(&device, Some("oom.pickle".into()));
+/// # }
+/// ```
 pub fn dump_snapshot_on_oom<Dev: CachingDevice>(device: &Dev, path: Option<PathBuf>) {
     opened(device).allocator.dump_snapshot_on_oom(path);
 }

@@ -30,6 +30,22 @@ use crate::runtime::pool_route::PoolRoute;
 
 /// A private pool of one device's allocator (PyTorch's `torch.cuda.MemPool`). Dropping it
 /// releases the pool (PyTorch's `releasePool`).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{CachingDevice, MemPool, use_mem_pool};
+/// # fn example<D: CachingDevice>(device: D) -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = MemPool::new(&device, Default::default())?;
+/// {
+///     let _inside = use_mem_pool(&pool);
+///     // ... this thread's new tensors on `device` take the pool's memory ...
+/// }
+/// println!("{:?} on {:?}: {:?}", pool.id(), pool.device(), pool.memory_stats());
+/// let snapshot = pool.snapshot(); // the pool's segments only
+/// let returned = pool.empty_cache()?; // bytes of free segments given back
+/// drop(pool); // released: the rest goes back with its last tensor
+/// # Ok(())
+/// # }
+/// ```
 pub struct MemPool<Dev: CachingDevice> {
     device: Dev,
     id: MemPoolId,
@@ -132,6 +148,18 @@ pub struct MemPoolGuard<'a, Dev: CachingDevice> {
 /// Routes the calling thread's new tensors on `pool`'s device to `pool` while the returned
 /// guard lives; see [`MemPool`]. What the thread queued in the fusion queue before is run
 /// first (allocated outside); what it queues inside is run when the guard ends (inside).
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{CachingDevice, MemPool, use_mem_pool};
+/// # fn example<D: CachingDevice>(device: D) -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = MemPool::new(&device, Default::default())?;
+/// let guard = use_mem_pool(&pool);
+/// assert_eq!(guard.pool().id(), pool.id());
+/// // ... tensors made here live in `pool` ...
+/// drop(guard);
+/// # Ok(())
+/// # }
+/// ```
 pub fn use_mem_pool<Dev: CachingDevice>(pool: &MemPool<Dev>) -> MemPoolGuard<'_, Dev> {
     // Everything queued before has reserved its memory before the route exists: the policy
     // hands the server a pool only for what it applied under the route, and the server pairs

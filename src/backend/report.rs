@@ -1,10 +1,13 @@
 //! "Leak or cache?" for a Burn device in one call: [`memory_report`].
 //!
-//! ```ignore
+//! ```no_run
+//! # use burn_caching_alloc::backend::{self, CachingDevice};
+//! # fn example<D: CachingDevice>(device: D) {
 //! let before = backend::memory_point(&device);
 //! // ... an epoch ...
 //! let report = backend::memory_report(&device, Some(&before));
 //! println!("{report}"); // LEAK? / CACHE / OVERSIZED / STEADY, with the numbers behind it
+//! # }
 //! ```
 //!
 //! The analysis is the engine's ([`MemoryReport`]); this side supplies what only the device
@@ -21,6 +24,15 @@ use crate::alloc::{MemoryPoint, MemoryReport};
 
 /// One reading of `device`'s memory, to compare with a later one in [`memory_report`].
 ///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// let before = backend::memory_point(&device);
+/// // ... some steps ...
+/// println!("{}", backend::memory_report(&device, Some(&before)));
+/// # }
+/// ```
+///
 /// One reading: CubeCL's free slices are handed back once, and the snapshot (segments and
 /// statistics taken under one lock of the engine) and CubeCL's layer come from that one
 /// hand-back, so the numbers belong together.
@@ -36,6 +48,14 @@ pub fn memory_point<Dev: CachingDevice>(device: &Dev) -> MemoryPoint {
 /// each layer has free, how fragmented, what `empty_cache` would give back, and the requests
 /// whose segment is much larger than they asked, with the rules that made it). Its `Display`
 /// is the text a user reads.
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// let now = backend::memory_report(&device, None); // one point: the cache and oversized requests
+/// println!("{now}");
+/// # }
+/// ```
 pub fn memory_report<Dev: CachingDevice>(
     device: &Dev,
     before: Option<&MemoryPoint>,

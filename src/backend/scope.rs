@@ -111,6 +111,15 @@ impl<Dev: CachingDevice> core::fmt::Debug for Phase<Dev> {
 /// server ran what this thread submitted, so the mark falls after the allocations made before
 /// it and before those made after it. That is a round trip to the device's thread per mark:
 /// mark phases (an epoch, a step's forward and backward), not single operations.
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// let forward = backend::annotate(&device, "forward");
+/// // ... the forward pass ...
+/// drop(forward); // the phase ends
+/// # }
+/// ```
 pub fn annotate<Dev: CachingDevice>(device: &Dev, name: &str) -> Phase<Dev> {
     opened(device).allocator.mark_phase(name, PhaseStage::Start);
     Phase {

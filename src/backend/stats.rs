@@ -13,6 +13,20 @@ use crate::runtime::{CubeclLayerUsage, PinnedHostStats};
 /// segments. Before these numbers are read, CubeCL's free slices are handed back to the
 /// engine, so the engine's statistics ([`Self::engine`]) are PyTorch's: "allocated" is what
 /// live tensors hold, and the slices CubeCL had cached are reserved, cached engine blocks.
+///
+/// ```no_run
+/// # use burn_caching_alloc::backend::{self, CachingDevice};
+/// # fn example<D: CachingDevice>(device: D) {
+/// let stats = backend::memory_stats(&device);
+/// println!("allocated {} (peak {}), reserved {} (peak {})", stats.memory_allocated(),
+///     stats.max_memory_allocated(), stats.memory_reserved(), stats.max_memory_reserved());
+/// println!("live tensors asked for {} B; cached: {} B in CubeCL, {} B in the engine",
+///     stats.tensor_bytes(), stats.cached_in_cubecl(), stats.cached_in_engine());
+/// for (key, value) in stats.to_map() {
+///     println!("{key}: {value}"); // torch.cuda.memory_stats()'s keys, then ours
+/// }
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct CachingMemoryStats {
     /// PyTorch's full statistics (allocation, segment, active, ..., each current, peak,

@@ -9,28 +9,11 @@
 //!
 //! # The entry point: generic over the backend
 //!
-//! Burn's own `examples/mnist` calls `training::run::<Dispatch>(DispatchDevice::autodiff(..))`.
 //! Burn 0.21's `Dispatch` backend chooses among a closed list of devices (Burn's own
-//! backends), so a third-party backend cannot be one of them. Write the training generic over
-//! `AutodiffBackend`, as Burn's `run` is inside, and name the caching backend's type where
-//! `Dispatch` would go:
-//!
-//! ```ignore
-//! use burn::backend::Autodiff;
-//! use burn::backend::wgpu::WgpuDevice;
-//! use burn_caching_alloc::backend::CachingWgpu;
-//! use mnist_train::{Dashboard, MemoryFiles, TrainingConfig, run};
-//!
-//! let outcome = run::<Autodiff<CachingWgpu>>(
-//!     WgpuDevice::DefaultDevice,
-//!     train,
-//!     valid,
-//!     &TrainingConfig::default(),
-//!     "/tmp/mnist-train".as_ref(),
-//!     Dashboard::Auto,
-//!     &MemoryFiles::default(),
-//! )?;
-//! ```
+//! backends), so a third-party backend cannot be one of them: [`run`] is generic over
+//! `AutodiffBackend`, as Burn's own `run` is inside, and the caller names the caching
+//! backend's type where `Dispatch` would go (`run::<Autodiff<CachingWgpu>>(..)`; the guide's
+//! `docs/src/using.md` shows the call, compiled here as a doc test).
 //!
 //! `src/main.rs` is the command line: `cargo run --release -p mnist-train` from the
 //! repository root.
@@ -45,3 +28,9 @@ pub use model::Model;
 pub use run::{
     Components, Dashboard, MemoryFiles, Outcome, RunError, TrainingConfig, run, run_with,
 };
+
+/// The guide's chapter on using the allocator (`docs/src/using.md`), its Rust blocks compiled
+/// as doc tests here: one of them calls this crate's [`run`].
+#[cfg(all(doctest, feature = "wgpu", feature = "cuda"))]
+#[doc = include_str!("../../../docs/src/using.md")]
+pub struct UsingGuideDoctests;

@@ -21,6 +21,19 @@ use cubecl_wgpu::{WgpuAllocationSite, WgpuExternalBuffer, WgpuExternalMemory, wg
 
 pub mod wgpu_memory;
 
+/// The guide's chapters on Burn 0.22 (`docs/src/burn-022.md`) and on the CubeCL change the
+/// patches make (`docs/src/upstream-hook.md`): their Rust blocks compiled as doc tests here,
+/// where Burn 0.22 and the patched CubeCL 0.11 are (the root's Burn 0.21 graph has neither).
+#[cfg(doctest)]
+mod guide_doctests {
+    /// `docs/src/burn-022.md`.
+    #[doc = include_str!("../../../../docs/src/burn-022.md")]
+    pub struct Burn022;
+    /// `docs/src/upstream-hook.md`.
+    #[doc = include_str!("../../../../docs/src/upstream-hook.md")]
+    pub struct UpstreamHook;
+}
+
 pub use caching_alloc_engine;
 use wgpu_memory::WgpuSegments;
 
