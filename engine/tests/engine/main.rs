@@ -26,6 +26,7 @@ mod parity;
 mod pools;
 mod props;
 mod props_expandable;
+mod props_model;
 mod readings;
 mod rounding;
 mod scopes;
