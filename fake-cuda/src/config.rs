@@ -10,7 +10,7 @@
 //! | `FAKE_CUDA_GRANULARITY` | `cuMemGetAllocationGranularity`'s answer | `2M` |
 //! | `FAKE_CUDA_PEER` | who may access whom: `all`, `none`, or pairs `0>1,1>0` | `all` |
 //! | `FAKE_CUDA_CC` | compute capability, `major.minor` | `8.0` |
-//! | `FAKE_CUDA_FAIL` | fault injection: `name@N` fails the Nth call, `name@N+` that call and every one after, `=code` the result (default: out of memory for memory calls, else unknown) | none |
+//! | `FAKE_CUDA_FAIL` | fault injection: `name@N` fails the Nth call, `name@N+` that call and every one after, `=code` the result (default: out of memory for memory calls, internal error for NVRTC, else unknown) | none |
 //! | `FAKE_CUDA_SCHEDULE` | `eager`, `delayed` or `random` | `random` |
 //! | `FAKE_CUDA_SEED` | the scheduler's seed | 1 |
 //! | `FAKE_CUDA_VIOLATIONS` | a file every contract violation is appended to | none |
@@ -92,6 +92,10 @@ pub fn parse_size(text: &str) -> Option<u64> {
 
 /// The default result of an injected fault of `name`.
 pub fn default_fault_code(name: &str) -> u32 {
+    if name.starts_with("nvrtc") {
+        // NVRTC_ERROR_INTERNAL_ERROR
+        return 11;
+    }
     if name.starts_with("cuMem") || name.starts_with("nccl") {
         if name.starts_with("nccl") {
             1

@@ -1,4 +1,4 @@
-//! A fake CUDA driver (`libcuda`) and NCCL over host memory that checks the driver API's
+//! A fake CUDA driver (`libcuda`), NCCL and NVRTC over host memory that checks the driver API's
 //! contracts on every call, for running burn-caching-alloc's CUDA host code without a GPU.
 //! See the README beside this crate for what it implements and how it is configured.
 //!
@@ -11,6 +11,8 @@
 //!   allocation, virtual memory, copies, memsets, streams, events, modules, peers, errors);
 //! - `nccl`: the exported NCCL functions, on the same streams (communicators, groups,
 //!   operations and their execution);
+//! - `nvrtc`: the exported NVRTC functions: a compiler of CUDA C++ declarations into an image
+//!   of the fake's own (entry points and parameters) that the driver loads and launches;
 //! - `control`: what the test harness calls (`fake_cuda_*`).
 
 mod codes;
@@ -19,5 +21,6 @@ mod control;
 mod driver;
 mod memory;
 mod nccl;
+mod nvrtc;
 mod state;
 mod streams;

@@ -15,6 +15,8 @@ use crate::codes;
 use crate::config::{Config, Schedule};
 use crate::memory::Memory;
 use crate::nccl::Nccl;
+use crate::nvrtc::Nvrtc;
+use crate::nvrtc::image::Entry;
 use crate::streams::{Clock, Event, Stream};
 
 /// Handles are small integers in ranges of their own, so that a handle of one kind passed as
@@ -33,6 +35,25 @@ pub struct Device {
     pub null_stream: u64,
 }
 
+/// A module from `cuModuleLoadData`: its device and the entry points of its image.
+#[derive(Debug)]
+pub struct Module {
+    pub device: usize,
+    pub entries: Vec<Entry>,
+}
+
+/// A function from `cuModuleGetFunction`.
+#[derive(Debug)]
+pub struct Function {
+    pub module: u64,
+    pub entry: Entry,
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` (48 KiB until set).
+    pub max_dynamic_shared: u32,
+    /// What launches of it are called in logs and race reports: `cuLaunchKernel(<name>)`,
+    /// interned (one leaked string per distinct entry name).
+    pub label: &'static str,
+}
+
 #[derive(Debug)]
 pub struct Fake {
     pub config: Config,
@@ -43,8 +64,8 @@ pub struct Fake {
     pub events: HashMap<u64, Event>,
     /// `(a, b)`: device a's context enabled access to device b's memory.
     pub peer_enabled: HashSet<(usize, usize)>,
-    pub modules: HashMap<u64, usize>,
-    pub functions: HashMap<u64, u64>,
+    pub modules: HashMap<u64, Module>,
+    pub functions: HashMap<u64, Function>,
     pub next_handle: u64,
     pub calls: HashMap<String, u64>,
     pub faults: Vec<crate::config::Fault>,
@@ -58,6 +79,7 @@ pub struct Fake {
     /// detector.
     pub accesses: Vec<crate::streams::TrackedAccess>,
     pub nccl: Nccl,
+    pub nvrtc: Nvrtc,
 }
 
 pub struct Global {
@@ -94,6 +116,7 @@ pub fn global() -> &'static Global {
             host_clock: Clock::default(),
             accesses: Vec::new(),
             nccl: Nccl::default(),
+            nvrtc: Nvrtc::default(),
         };
         for d in 0..fake.devices.len() {
             let handle = fake.devices[d].null_stream;
@@ -258,6 +281,7 @@ impl Fake {
             lines.push(format!("cuEventCreate: {events} events"));
         }
         lines.extend(self.nccl.leaks());
+        lines.extend(self.nvrtc.leaks());
         lines
     }
 
@@ -286,6 +310,16 @@ impl Fake {
 /// Runs an exported call: the lock, the call count and injected faults, and no panic crossing
 /// the C boundary (a panic is logged as a fake defect and answered `CUDA_ERROR_UNKNOWN`).
 pub fn call(name: &str, body: impl FnOnce(&mut MutexGuard<'static, Fake>) -> u32) -> u32 {
+    call_or(name, codes::UNKNOWN, body)
+}
+
+/// [`call`] answering `on_panic` when the fake panics (a library whose result type has no
+/// `CUDA_ERROR_UNKNOWN`: NVRTC).
+pub fn call_or(
+    name: &str,
+    on_panic: u32,
+    body: impl FnOnce(&mut MutexGuard<'static, Fake>) -> u32,
+) -> u32 {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut fake = lock();
         if let Some(code) = fake.count_call(name) {
@@ -299,7 +333,7 @@ pub fn call(name: &str, body: impl FnOnce(&mut MutexGuard<'static, Fake>) -> u32
     result.unwrap_or_else(|_| {
         let mut fake = lock();
         fake.violation(name, "the fake panicked (a defect of the fake)");
-        codes::UNKNOWN
+        on_panic
     })
 }
 

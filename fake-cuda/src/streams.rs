@@ -74,6 +74,13 @@ pub enum Op {
     Nccl {
         launch: u64,
     },
+    /// A kernel launch: it changes no byte (kernels do not compute on the fake); its reads and
+    /// writes are its touches. `faulty` when a pointer argument was not valid device memory
+    /// at the launch (a violation then): when it runs, its stream gets the sticky
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS` a device fault leaves.
+    Kernel {
+        faulty: bool,
+    },
 }
 
 /// Memory an item touches, for frees and unmaps with queued work and for the race detector.
@@ -307,6 +314,13 @@ impl Fake {
         let s = self.streams.get_mut(&stream).expect("a stream");
         let work = s.queue.pop_front().expect("a head");
         let device = s.device;
+        if let Op::Kernel { faulty } = work.op {
+            s.completed = work.seq;
+            if faulty && s.error == 0 {
+                s.error = codes::ILLEGAL_ADDRESS;
+            }
+            return;
+        }
         let result = self.execute(&work.op, device);
         let s = self.streams.get_mut(&stream).expect("a stream");
         s.completed = work.seq;
@@ -385,7 +399,7 @@ impl Fake {
                     .collect();
                 self.memory.write(&resolved.pieces, &bytes)
             }
-            Op::Wait { .. } | Op::Nccl { .. } => Ok(()),
+            Op::Wait { .. } | Op::Nccl { .. } | Op::Kernel { .. } => Ok(()),
         }
     }
 

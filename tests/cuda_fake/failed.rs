@@ -10,8 +10,7 @@
 //! Each scenario: a (20 MiB), b (20 MiB), c (16 MiB) live with distinct bytes; a 16 MiB
 //! `create` fails a way of its own; its read, a second read, a copy of it and `get_resource`
 //! all fail with its error; a, b and c read back exact; the next request works; the fake logs
-//! no violation. Kernels do not run on the fake, so nothing here launches one (the wgpu tests
-//! launch over failed tensors).
+//! no violation. Nothing here launches a kernel over the failed tensor (the wgpu tests do).
 
 use burn::backend::cuda::CudaDevice;
 use burn_caching_alloc::alloc::MemPoolOptions;

@@ -3,8 +3,9 @@
 //! and copies in flight, stream-ordered reuse across threads, and the fake's own contract
 //! checks. No GPU: the fake keeps device memory in host memory, runs queued work later and in
 //! a seeded order across streams, and logs every broken driver contract; each test asserts the
-//! log empty. Kernels do not run on the fake (`CUDA_ERROR_NOT_SUPPORTED`), so nothing here
-//! launches one.
+//! log empty. Kernels launch but compute nothing: the fake NVRTC reads their declarations, the
+//! fake driver checks each launch's pointers and counts it, for the race detector, as a read or
+//! a write of each tensor's bytes (`kernels`); values read back after a kernel are not checked.
 //!
 //! The binary re-executes itself before `main` with the fake on the library path
 //! (`support/fake_cuda.rs`). Without the fake built, every test prints why it skips; with `CI`
@@ -26,6 +27,7 @@
 //! | 6 | 4 GiB | yes | `uncached` (`no_cuda_memory_caching:True`) |
 //! | 7 | 4 GiB | yes | `pinned` (the pinned host pool's keys) |
 //! | 8 | 64 MiB | yes | `failed` |
+//! | 9 | 4 GiB | yes | `kernels` (Burn on `CachingCuda`) |
 //!
 //! Modules:
 //! - `runtime`: create, read back, copy, statistics, `empty_cache`, staging, drop;
@@ -46,6 +48,10 @@
 //! - `pinned`: the pinned host pool's statistics and limits, and its drop;
 //! - `failed`: a failed request (out of memory, rejected at a memory fraction, over a fraction,
 //!   in a private pool) corrupts no live tensor, and every use of the failed one is its error;
+//! - `kernels`: Burn on `CachingCuda`: launches, its training step on `Autodiff<CachingCuda>`
+//!   with the statistics the wgpu tests assert, a tensor made on one thread used by kernels on
+//!   another; and the fake's launch checks (a freed or out-of-bounds pointer, a race between
+//!   two streams' kernels, the launch shape, a source without an entry point);
 //! - `detector`: the fake catches what it claims to (a missing wait, a double free, a map off
 //!   the granularity), so that an empty log means something.
 #![cfg(feature = "cuda")]
@@ -61,9 +67,9 @@ mod fake_cuda;
 #[ctor::ctor(unsafe)]
 fn under_the_fake() {
     fake_cuda::start(&[
-        ("FAKE_CUDA_DEVICES", "9"),
-        ("FAKE_CUDA_MEMORY", "4G,4G,64M,4G,4G,4G,4G,4G,64M"),
-        ("FAKE_CUDA_VMM", "1,1,1,0,1,1,1,1,1"),
+        ("FAKE_CUDA_DEVICES", "10"),
+        ("FAKE_CUDA_MEMORY", "4G,4G,64M,4G,4G,4G,4G,4G,64M,4G"),
+        ("FAKE_CUDA_VMM", "1,1,1,0,1,1,1,1,1,1"),
         ("FAKE_CUDA_GRANULARITY", "2M"),
         ("FAKE_CUDA_SCHEDULE", "random"),
     ]);
@@ -77,6 +83,7 @@ mod cross_stream;
 mod detector;
 mod expandable;
 mod failed;
+mod kernels;
 mod memory;
 mod nccl;
 mod oom;

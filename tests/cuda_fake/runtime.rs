@@ -145,14 +145,14 @@ fn large_writes_and_reads_through_pinned_staging_are_exact_with_copies_still_que
     }
 }
 
-/// Issue 33: a device that cannot open (here an index past the fake's six devices) made
+/// Issue 33: a device that cannot open (here an index past the fake's ten devices) made
 /// CubeCL's device thread panic and the caller see `RecvError`. `backend::open` returns why,
 /// on the caller's thread, the same error on every try; `Runtime::client` panics with it.
 #[test]
 fn a_device_past_the_last_one_is_an_error_for_the_caller_not_a_dead_thread() {
     let Some(driver) = fake_or_skip() else { return };
-    let missing = CudaDevice::new(9);
-    let err = backend::open(&missing).expect_err("there is no tenth device");
+    let missing = CudaDevice::new(10);
+    let err = backend::open(&missing).expect_err("there is no eleventh device");
     let text = err.to_string();
     assert!(
         text.contains("cuDeviceGet") || text.contains("device"),

@@ -14,11 +14,12 @@
 //! cudarc loads `libcuda.so` by name, and the dynamic loader reads `LD_LIBRARY_PATH` only when
 //! a process starts, so [`start`] re-executes the test binary with a private folder first on
 //! that path: `target/<profile>/fake-cuda-lib/` holding `libcuda.so`, `libcuda.so.1`,
-//! `libnccl.so` and `libnccl.so.2`, all links to the fake's `libfake_cuda.so` (one library, so
-//! CUDA and NCCL share its state), and an empty `include/cuda_fp16.h` so that the CUDA driver's
-//! header check passes (`CUDA_PATH` points there; kernels do not run on the fake anyway). The
-//! fake is never named `libcuda.so` in `target/*/deps`, which cargo puts on every test's library
-//! path.
+//! `libnccl.so`, `libnccl.so.2` and `libnvrtc.so` (the first name cudarc's loader tries for
+//! NVRTC), all links to the fake's `libfake_cuda.so` (one library, so CUDA, NCCL and NVRTC share
+//! its state: what its NVRTC compiles, its driver loads and launches), and an empty
+//! `include/cuda_fp16.h` so that the CUDA driver's header check passes (`CUDA_PATH` points
+//! there; the fake NVRTC reads no header). The fake is never named `libcuda.so` in
+//! `target/*/deps`, which cargo puts on every test's library path.
 //!
 //! Without the fake built (`cargo build -p fake-cuda`) the tests skip with one printed reason;
 //! with `CI` set they fail instead. `FAKE_CUDA_LIB` names another build of the fake.
@@ -103,16 +104,19 @@ fn prepare(lib: &Path) -> Result<PathBuf, String> {
         .join("fake-cuda-lib");
     let include = dir.join("include");
     std::fs::create_dir_all(&include).map_err(|e| format!("{}: {e}", include.display()))?;
-    for name in ["libcuda.so", "libcuda.so.1", "libnccl.so", "libnccl.so.2"] {
+    for name in [
+        "libcuda.so",
+        "libcuda.so.1",
+        "libnccl.so",
+        "libnccl.so.2",
+        "libnvrtc.so",
+    ] {
         link(&dir, name, &lib).map_err(|e| format!("linking {name}: {e}"))?;
     }
     let header = include.join("cuda_fp16.h");
     if !header.is_file() {
-        std::fs::write(
-            &header,
-            "// fake-cuda: kernels do not run on the fake driver\n",
-        )
-        .map_err(|e| format!("{}: {e}", header.display()))?;
+        std::fs::write(&header, "// fake-cuda: the fake NVRTC reads no header\n")
+            .map_err(|e| format!("{}: {e}", header.display()))?;
     }
     Ok(dir)
 }

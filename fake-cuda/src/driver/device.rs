@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int, c_uint};
 
 use super::{check_out, initialized, out};
 use crate::codes::*;
-use crate::state::call;
+use crate::state::{Fake, call};
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuInit(flags: c_uint) -> u32 {
@@ -101,42 +101,57 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: c_int) -
     })
 }
 
+/// `CU_DEVICE_ATTRIBUTE_*` numbers the launch checks read.
+pub(super) mod attr {
+    use std::ffi::c_int;
+    pub const MAX_THREADS_PER_BLOCK: c_int = 1;
+    pub const MAX_BLOCK_DIM: [c_int; 3] = [2, 3, 4];
+    pub const MAX_GRID_DIM: [c_int; 3] = [5, 6, 7];
+    pub const MAX_SHARED_MEMORY_PER_BLOCK: c_int = 8;
+    pub const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: c_int = 97;
+}
+
+/// What the fake's device `d` reports for `attribute` (0 for attributes it does not model).
+pub(super) fn attribute(fake: &Fake, attribute: c_int, d: usize) -> c_int {
+    let (major, minor) = fake.config.compute_capability;
+    match attribute {
+        1 => 1024,            // max threads per block
+        2 | 3 => 1024,        // max block dim x, y
+        4 => 64,              // max block dim z
+        5 => i32::MAX,        // max grid dim x
+        6 | 7 => 65535,       // max grid dim y, z
+        8 => 48 << 10,        // shared memory per block
+        9 => 64 << 10,        // constant memory
+        10 => 32,             // warp size
+        12 => 65536,          // registers per block
+        13 => 1_500_000,      // clock rate (kHz)
+        16 => 8,              // multiprocessors
+        33 => d as c_int + 1, // PCI bus id
+        36 => 1_000_000,      // memory clock rate
+        37 => 256,            // memory bus width
+        38 => 4 << 20,        // L2 cache
+        39 => 2048,           // threads per multiprocessor
+        41 => 1,              // unified addressing
+        75 => major,
+        76 => minor,
+        97 => 96 << 10, // shared memory per block, opt-in
+        102 => fake.config.vmm[d] as c_int,
+        115 => 0, // memory pools (stream-ordered allocation): not faked
+        _ => 0,
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetAttribute(
     value: *mut c_int,
-    attribute: c_int,
+    attribute_number: c_int,
     device: c_int,
 ) -> u32 {
     call("cuDeviceGetAttribute", |fake| {
         tri!(initialized(fake, "cuDeviceGetAttribute"));
         let d = tri!(fake.device_index("cuDeviceGetAttribute", device));
         tri!(check_out(fake, "cuDeviceGetAttribute", value));
-        let (major, minor) = fake.config.compute_capability;
-        let v = match attribute {
-            1 => 1024,            // max threads per block
-            2 | 3 => 1024,        // max block dim x, y
-            4 => 64,              // max block dim z
-            5 => i32::MAX,        // max grid dim x
-            6 | 7 => 65535,       // max grid dim y, z
-            8 => 48 << 10,        // shared memory per block
-            9 => 64 << 10,        // constant memory
-            10 => 32,             // warp size
-            12 => 65536,          // registers per block
-            13 => 1_500_000,      // clock rate (kHz)
-            16 => 8,              // multiprocessors
-            33 => d as c_int + 1, // PCI bus id
-            36 => 1_000_000,      // memory clock rate
-            37 => 256,            // memory bus width
-            38 => 4 << 20,        // L2 cache
-            39 => 2048,           // threads per multiprocessor
-            41 => 1,              // unified addressing
-            75 => major,
-            76 => minor,
-            97 => 96 << 10, // shared memory per block, opt-in
-            102 => fake.config.vmm[d] as c_int,
-            115 => 0, // memory pools (stream-ordered allocation): not faked
-            _ => 0,
-        };
+        let v = attribute(fake, attribute_number, d);
         unsafe { out(value, v) };
         SUCCESS
     })

@@ -6,7 +6,8 @@
 //!
 //! The functions, by what they do: `device` (initialisation and device queries), `context`,
 //! `peer` (peer access), `alloc` (device and pinned host memory), `virtual_memory`, `copy`,
-//! `memset`, `stream`, `event`, `module` (modules and kernels) and `error` (error names).
+//! `memset`, `stream`, `event`, `module` (modules and functions), `launch` (kernel launches)
+//! and `error` (error names).
 //!
 //! [`call`]: crate::state::call
 
@@ -62,6 +63,7 @@ mod copy;
 mod device;
 mod error;
 mod event;
+mod launch;
 mod memset;
 mod module;
 mod peer;
