@@ -364,19 +364,18 @@ fn memory_another_threads_kernel_read_is_not_handed_to_the_next_tensor_before_th
     }
 }
 
-/// Found by the race detector once kernels ran on the fake, and not fixed yet: a stream that
-/// writes one of its own tensors in place (Burn does when the handle is unique, CubeCL's
-/// `can_mut`) is not ordered after another stream's kernel that read the tensor and may not
-/// have run. The server holds a binding another stream used until that stream's event completes
-/// (`hold_until_done`), which keeps the memory from being reused, but an in-place write needs no
-/// new memory, and the server's poll of that event before the write does not wait; stock
-/// CubeCL has the same gap. Here the consumer issues `3x` (reading `x`) and drops its handle
-/// without waiting; the producer's `x * 2` then runs in place on its own stream: on a GPU the
-/// consumer may read doubled values. Whether the consumer's read was seen complete before the
-/// write is issued depends on timing, so the rounds go through 20 seeds of the random schedule:
-/// the detector reports the race at some of them (seed 1 among them).
+/// Found by the race detector once kernels ran on the fake: a stream that writes one of its own
+/// tensors in place (Burn does when the handle is unique, CubeCL's `can_mut`) must be ordered
+/// after another stream's kernel that read the tensor and may not have run. Holding the binding
+/// until that stream's event completed (`hold_until_done`) keeps the memory from being reused,
+/// but an in-place write needs no new memory; stock CubeCL has the same gap. The server makes
+/// the owner's work on the buffer wait on the device for an event on the reader's stream
+/// (`order_after_uses`). Here the consumer issues `3x` (reading `x`) and drops its handle
+/// without waiting; the producer's `x * 2` then runs in place on its own stream. Whether the
+/// consumer's read was seen complete before the write is issued depends on timing, so the
+/// rounds go through 20 seeds of the random schedule: without the wait the detector reports
+/// the race at some of them (seed 1 among them).
 #[test]
-#[ignore = "known write-after-read race between streams (an in-place write after another stream's read); see the doc comment"]
 fn an_in_place_write_after_another_streams_read_waits_for_that_read() {
     let Some(driver) = fake_or_skip() else { return };
     let _turn = DEVICE_9.lock();

@@ -66,9 +66,7 @@ use cubecl_ir::MemoryDeviceProperties;
 use cubecl_runtime::compiler::CubeTask;
 use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
 use cubecl_runtime::logging::ServerLogger;
-use cubecl_runtime::memory_management::{
-    ManagedMemoryBinding, ManagedMemoryHandle, MemoryAllocationMode, MemoryUsage,
-};
+use cubecl_runtime::memory_management::{ManagedMemoryHandle, MemoryAllocationMode, MemoryUsage};
 use cubecl_runtime::server::{
     Binding, ComputeServer, CopyDescriptor, CubeCount, ExecutionMode, IoError, KernelArguments,
     ProfileError, ProfilingToken, ServerError, ServerUtilities,
@@ -88,8 +86,8 @@ use crate::device::DeviceMemory as _;
 use caller_stack::CallerStacks;
 use kernels::KernelCache;
 use ordering::{
-    BufferUse, PendingUses, hold_until_done, note_rewrites, order_after, release_completed,
-    synchronize_uses,
+    BufferUse, ForeignUse, PendingUses, SliceKey, hold_until_done, note_rewrites, order_after,
+    order_after_uses, release_completed, synchronize_uses,
 };
 use streams::Streams;
 
@@ -268,8 +266,17 @@ impl<D: Driver> CachingServer<D> {
         self.streams.take_errors(&mut self.driver, stream)
     }
 
+    /// Orders later work on `consumer` after the producers of the buffers in `uses`, and its
+    /// work on its own buffers after other streams' uses of them not completed yet.
     fn order_after(&mut self, consumer: StreamId, uses: &[BufferUse]) -> Result<(), ServerError> {
-        order_after(&mut self.driver, &mut self.streams, consumer, uses)
+        order_after(&mut self.driver, &mut self.streams, consumer, uses)?;
+        order_after_uses(
+            &mut self.driver,
+            &mut self.streams,
+            &mut self.uses,
+            consumer,
+            uses,
+        )
     }
 
     /// Counts one more operation issued on `stream`'s slot; returns the new cursor.
@@ -317,6 +324,11 @@ impl<D: Driver> CachingServer<D> {
     /// Resolves a binding through the manager of the stream that created it. A buffer whose
     /// reservation failed has no memory: refused with that failure's error.
     fn resolve(&mut self, binding: Binding) -> Result<Resource<D>, ServerError> {
+        self.resolve_slice(binding).map(|(resource, _)| resource)
+    }
+
+    /// [`resolve`](Self::resolve), with the slice the binding is bound to.
+    fn resolve_slice(&mut self, binding: Binding) -> Result<(Resource<D>, SliceKey), ServerError> {
         let Binding {
             memory,
             offset_start,
@@ -329,6 +341,7 @@ impl<D: Driver> CachingServer<D> {
             return Err(slot.failed.error_for(size));
         };
         let manager = slot.memory.manager();
+        let key = SliceKey::of(&slice);
         // CubeCL's `StorageHandle::offset_start`/`offset_end` subtract unchecked: offsets past
         // the slice would wrap its size and resolve outside the block. Refused here.
         let slice = slice.size();
@@ -345,7 +358,7 @@ impl<D: Driver> CachingServer<D> {
                 backtrace: BackTrace::capture(),
             }));
         }
-        Ok(manager.get_resource(memory, offset_start, offset_end)?)
+        Ok((manager.get_resource(memory, offset_start, offset_end)?, key))
     }
 
     /// Resolves a binding that work on `consumer` uses and tells which stream produced it, and
@@ -355,11 +368,11 @@ impl<D: Driver> CachingServer<D> {
         &mut self,
         binding: Binding,
         consumer: StreamId,
-    ) -> Result<(Resource<D>, BufferUse, Option<ManagedMemoryBinding>), ServerError> {
+    ) -> Result<(Resource<D>, BufferUse, Option<ForeignUse>), ServerError> {
         let stream = binding.stream;
         let memory = binding.memory.clone();
         // First: a buffer whose reservation failed is refused before anything reads its slice.
-        let resource = self.resolve(binding)?;
+        let (resource, slice) = self.resolve_slice(binding)?;
         let cursor = self
             .streams
             .peek(&mut self.driver, stream)
@@ -368,8 +381,16 @@ impl<D: Driver> CachingServer<D> {
             .get_cursor(memory.clone())?;
         // The consumer's slot as assigned (a new thread gets its slot here, not CubeCL's).
         let consumer_slot = self.streams.assign_slot(consumer);
-        let foreign = (self.streams.slot(stream) != consumer_slot).then_some(memory);
-        Ok((resource, BufferUse { stream, cursor }, foreign))
+        let foreign = (self.streams.slot(stream) != consumer_slot).then_some(ForeignUse {
+            binding: memory,
+            slice,
+        });
+        let used = BufferUse {
+            stream,
+            cursor,
+            slice,
+        };
+        Ok((resource, used, foreign))
     }
 
     /// Work on `consumer` that used the foreign buffers `foreign` was issued: holds them until
@@ -377,7 +398,7 @@ impl<D: Driver> CachingServer<D> {
     fn hold_until_done(
         &mut self,
         consumer: StreamId,
-        foreign: Vec<ManagedMemoryBinding>,
+        foreign: Vec<ForeignUse>,
     ) -> Result<(), ServerError> {
         hold_until_done(
             &mut self.driver,

@@ -18,8 +18,15 @@
 //! below the buffer, so their next use waits for the new work. Single-stream work pays
 //! nothing: there is no other stream to look at.
 //!
-//! Not covered, as in CubeCL: a stream writing in place into another stream's buffer, which
-//! that stream then uses without a wait (buffers are ordered by the stream that created them).
+//! **The owner after other streams' uses** ([`order_after_uses`]): work a stream issues on one
+//! of its own buffers (an in-place update, which Burn makes when the handle is unique) waits on
+//! the device for every other stream that holds a use of that buffer not completed yet (the
+//! records below): an event recorded on that stream now, after the use. The records it covers
+//! are marked for the owner, so its next work on them waits no more. Nothing to look at while no
+//! stream holds another's buffer (one thread; one queue).
+//!
+//! Not covered, as in CubeCL: a third stream using a buffer after another stream wrote in place
+//! into it (buffers are ordered by the stream that created them).
 //!
 //! **Reuse after the consumer** ([`PendingUses`]), PyTorch's `recordStream` rule
 //! (`CUDACachingAllocator.cpp`: `recordStream`, `insert_events`, `process_events`): memory a
@@ -48,16 +55,42 @@ use std::sync::Arc;
 use cubecl_common::stream_id::StreamId;
 use cubecl_runtime::memory_management::ManagedMemoryBinding;
 use cubecl_runtime::server::{Handle, ServerError};
+use cubecl_runtime::storage::{StorageHandle, StorageId};
 use parking_lot::Mutex;
 
 use super::super::driver::Driver;
 use super::streams::Streams;
 
-/// A foreign buffer's producer and the producer's cursor when the buffer was bound.
+/// A buffer's producer, the producer's cursor when the buffer was bound, and its slice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct BufferUse {
     pub(super) stream: StreamId,
     pub(super) cursor: u64,
+    pub(super) slice: SliceKey,
+}
+
+/// The slice a buffer is bound to (its block and offset there): the same for every handle and
+/// view of one buffer, another for any other buffer while the first is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SliceKey {
+    storage: StorageId,
+    offset: u64,
+}
+
+impl SliceKey {
+    pub(super) fn of(slice: &StorageHandle) -> Self {
+        Self {
+            storage: slice.id,
+            offset: slice.utilization.offset,
+        }
+    }
+}
+
+/// Another stream's buffer used by a stream: its binding, held until the use completed, and
+/// its slice.
+pub(super) struct ForeignUse {
+    pub(super) binding: ManagedMemoryBinding,
+    pub(super) slice: SliceKey,
 }
 
 /// Per producer slot, the producer's cursor at this stream's last wait for it.
@@ -161,6 +194,54 @@ pub(super) fn order_after<D: Driver>(
     Ok(())
 }
 
+/// Orders later work on `issuer` after every other stream's held use (see [`PendingUses`]) of
+/// a buffer of `issuer`'s own among `uses`: one event recorded now on each such stream, and a
+/// wait for it. Every record of that stream is then marked as ordered for `issuer`, which waits
+/// for them no more. Nothing while no use is held.
+pub(super) fn order_after_uses<D: Driver>(
+    driver: &mut D,
+    streams: &mut Streams<D>,
+    pending: &mut PendingUses<D::Event>,
+    issuer: StreamId,
+    uses: &[BufferUse],
+) -> Result<(), ServerError> {
+    if pending.by_slot.is_empty() {
+        return Ok(());
+    }
+    let issuer_slot = streams.assign_slot(issuer);
+    let own: Vec<SliceKey> = uses
+        .iter()
+        .filter(|buffer| streams.slot(buffer.stream) == issuer_slot)
+        .map(|buffer| buffer.slice)
+        .collect();
+    if own.is_empty() {
+        return Ok(());
+    }
+    for (&user, queue) in &mut pending.by_slot {
+        let unordered = user != issuer_slot
+            && queue.iter().any(|held| {
+                !held.ordered.contains(&issuer_slot)
+                    && held.uses.iter().any(|used| own.contains(&used.slice))
+            });
+        if !unordered {
+            continue;
+        }
+        let (event, user_cursor) = {
+            let stream = streams.get_slot(driver, user);
+            (driver.record_event(&mut stream.driver)?, stream.cursor)
+        };
+        let stream = streams.get_slot(driver, issuer_slot);
+        driver.wait_event(&mut stream.driver, event)?;
+        stream.synced.synced(user, user_cursor);
+        for held in queue.iter_mut() {
+            if !held.ordered.contains(&issuer_slot) {
+                held.ordered.push(issuer_slot);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Where the copy of a block another device reads stands, shared by the block's server and
 /// the reading device's server.
 #[derive(Debug)]
@@ -181,12 +262,21 @@ pub(super) type PeerCopyState<E> = Arc<Mutex<PeerCopy<E>>>;
 pub(super) struct PendingUses<E> {
     /// Per consumer slot, oldest first: the event recorded after the uses, and the bindings it
     /// keeps from being handed out.
-    by_slot: HashMap<usize, VecDeque<(E, Vec<ManagedMemoryBinding>)>>,
+    by_slot: HashMap<usize, VecDeque<HeldUses<E>>>,
     /// Per consumer slot, bindings whose event failed to record: held until the whole stream
     /// is synchronised ([`synchronize_uses`]).
     unrecorded: HashMap<usize, Vec<ManagedMemoryBinding>>,
     /// Blocks another device copies from, each held until that device's copy completed.
     peer_reads: Vec<(PeerCopyState<E>, Handle)>,
+}
+
+/// One operation's uses of other streams' buffers, held until `event` completed.
+struct HeldUses<E> {
+    event: E,
+    uses: Vec<ForeignUse>,
+    /// The buffers' own slots whose later work waits for this use already
+    /// ([`order_after_uses`]).
+    ordered: Vec<usize>,
 }
 
 impl<E> Default for PendingUses<E> {
@@ -246,7 +336,7 @@ impl<E> PendingUses<E> {
         let recorded: usize = self
             .by_slot
             .values()
-            .flat_map(|queue| queue.iter().map(|(_, held)| held.len()))
+            .flat_map(|queue| queue.iter().map(|held| held.uses.len()))
             .sum();
         recorded + self.unrecorded.values().map(Vec::len).sum::<usize>()
     }
@@ -260,7 +350,7 @@ pub(super) fn hold_until_done<D: Driver>(
     streams: &mut Streams<D>,
     pending: &mut PendingUses<D::Event>,
     consumer: StreamId,
-    foreign: Vec<ManagedMemoryBinding>,
+    foreign: Vec<ForeignUse>,
 ) -> Result<(), ServerError> {
     if foreign.is_empty() {
         return Ok(());
@@ -273,13 +363,18 @@ pub(super) fn hold_until_done<D: Driver>(
                 .by_slot
                 .entry(slot)
                 .or_default()
-                .push_back((event, foreign));
+                .push_back(HeldUses {
+                    event,
+                    uses: foreign,
+                    ordered: Vec::new(),
+                });
             Ok(())
         }
         Err(err) => {
             // The buffers cannot be proven unused: held until the stream is synchronised,
             // never freed early (PyTorch's `insert_events` raises and leaves the block alone).
-            pending.unrecorded.entry(slot).or_default().extend(foreign);
+            let bindings = foreign.into_iter().map(|used| used.binding);
+            pending.unrecorded.entry(slot).or_default().extend(bindings);
             Err(err)
         }
     }
@@ -297,8 +392,8 @@ pub(super) fn release_completed<D: Driver>(
         return failure;
     }
     pending.by_slot.retain(|_, queue| {
-        while let Some((event, _)) = queue.front() {
-            match driver.query_event(event) {
+        while let Some(held) = queue.front() {
+            match driver.query_event(&held.event) {
                 Ok(true) => {
                     queue.pop_front();
                 }
@@ -325,8 +420,8 @@ pub(super) fn synchronize_uses<D: Driver>(
         driver.synchronize_event(event).map(|()| true)
     })?;
     for queue in pending.by_slot.values_mut() {
-        while let Some((event, _)) = queue.front() {
-            driver.synchronize_event(event)?;
+        while let Some(held) = queue.front() {
+            driver.synchronize_event(&held.event)?;
             queue.pop_front();
         }
     }

@@ -63,13 +63,24 @@ fn a_buffer_its_stream_rewrites_after_a_sync_is_waited_for_again() {
     h.launch(&[&scratch], info(), stream(1));
     h.launch(&[&second, &out], info(), stream(2));
     assert_eq!(h.waits(), 1);
-    // The loader updates the second batch in place: the trainer must wait for that.
+    // The loader updates the second batch in place: it waits for the trainer's use of it,
+    // which may not have run yet (an event on the trainer's stream), once; the trainer must
+    // wait for the update.
     h.launch(&[&second], info(), stream(1));
-    h.launch(&[&second, &out], info(), stream(2));
     assert_eq!(h.waits(), 2);
+    h.launch(&[&second], info(), stream(1));
+    assert_eq!(h.waits(), 2, "the trainer's use is ordered already");
+    h.launch(&[&second, &out], info(), stream(2));
+    assert_eq!(h.waits(), 3);
     // Once waited for, further uses are free again.
     h.launch(&[&second, &out], info(), stream(2));
-    assert_eq!(h.waits(), 2);
+    assert_eq!(h.waits(), 3);
+    // Once the trainer's uses completed (seen at the next reservation), an update waits for
+    // nothing.
+    h.complete(&h.events_on(DeviceStream(2)));
+    let _next = h.buffer(4096, stream(1));
+    h.launch(&[&second], info(), stream(1));
+    assert_eq!(h.waits(), 3);
 }
 
 #[test]
