@@ -27,6 +27,10 @@ pub struct CompareOptions {
     /// Prints a line per side and step to standard error (step, sequence length, reserved
     /// bytes, seconds), so that a run cut short still says how far memory had grown.
     pub progress: bool,
+    /// Reads memory after every step (the default), or only once after the last one: the
+    /// control run. A reading hands CubeCL's free slices back to the engine, which can change
+    /// where later tensors go; the control shows what a program that never reads gets.
+    pub read_each_step: bool,
 }
 
 impl Default for CompareOptions {
@@ -37,6 +41,7 @@ impl Default for CompareOptions {
             seed: 42,
             mnist_dir: mnist::dataset::default_data_dir(),
             progress: false,
+            read_each_step: true,
         }
     }
 }
@@ -48,7 +53,8 @@ pub struct SideResult {
     pub backend: String,
     /// Reserved bytes before the first step (after the previous workload's cache was freed).
     pub baseline_reserved: u64,
-    /// Reserved bytes after every step beyond `baseline_reserved`.
+    /// Reserved bytes after every step beyond `baseline_reserved` (after the last step only,
+    /// in a control run).
     pub reserved_after_step: Vec<u64>,
     /// The highest of `reserved_after_step`: the same sampling on both sides.
     pub peak_reserved_sampled: u64,
@@ -92,7 +98,8 @@ struct Side<'a> {
 }
 
 impl Side<'_> {
-    fn run(&mut self, batch: &crate::Batch, progress: bool) -> Result<(), String> {
+    /// One step, then (when `read`) a reading of reserved memory.
+    fn run(&mut self, batch: &crate::Batch, progress: bool, read: bool) -> Result<(), String> {
         let started = Instant::now();
         let loss = self
             .trainer
@@ -102,6 +109,9 @@ impl Side<'_> {
             .step_seconds
             .push(started.elapsed().as_secs_f64());
         self.result.losses.push(loss);
+        if !read {
+            return Ok(());
+        }
         // What this workload reserved: memory an earlier one left that no cleanup could release
         // (the stock side keeps a loader's gone workers' pools) is not the workload's.
         let reserved = self.reading.reserved();
@@ -110,7 +120,7 @@ impl Side<'_> {
             .push(reserved.saturating_sub(self.result.baseline_reserved));
         if progress {
             let step = self.result.losses.len();
-            let reserved = self.result.reserved_after_step[step - 1];
+            let reserved = self.result.reserved_after_step.last().copied().unwrap_or(0);
             let seconds = self.result.step_seconds[step - 1];
             eprintln!(
                 "{}: step {step}, shape {:?}, reserved {:.1} MiB, {seconds:.2} s",
@@ -190,12 +200,13 @@ where
     let mut c = side::<Bc>(caching.0, workload, caching.1, caching.2, options.seed);
     let mut s = side::<Bs>(stock.0, workload, stock.1, stock.2, options.seed);
     for (i, batch) in batches.iter().enumerate() {
+        let read = options.read_each_step || i + 1 == batches.len();
         if i % 2 == 0 {
-            c.run(batch, options.progress)?;
-            s.run(batch, options.progress)?;
+            c.run(batch, options.progress, read)?;
+            s.run(batch, options.progress, read)?;
         } else {
-            s.run(batch, options.progress)?;
-            c.run(batch, options.progress)?;
+            s.run(batch, options.progress, read)?;
+            c.run(batch, options.progress, read)?;
         }
     }
     c.result.exact_peak_reserved = c

@@ -74,6 +74,11 @@ struct Args {
     /// Prints each side's reserved memory and step time after every step (standard error).
     #[arg(long)]
     progress: bool,
+    /// Reads memory only after the last step (a control run: every reading hands CubeCL's free
+    /// slices back to the engine, which can move later tensors). The caching side's exact peak
+    /// is still read then; stock's column is its final reserved memory.
+    #[arg(long)]
+    read_at_end: bool,
 }
 
 fn main() {
@@ -98,6 +103,7 @@ fn run(args: &Args) -> Result<(), String> {
         warmup: args.warmup,
         seed: args.seed,
         progress: args.progress,
+        read_each_step: !args.read_at_end,
         ..CompareOptions::default()
     };
     let fusions: &[&str] = match args.fusion {
