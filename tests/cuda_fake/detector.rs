@@ -13,7 +13,7 @@ use crate::fake_cuda::{Driver, Fake, fake_or_skip};
 
 /// The fake, in the child process of `test`; `None` in the parent (after the child passed),
 /// and on the real driver (these check the fake itself).
-fn fake_in_child(test: &str) -> Option<Fake> {
+pub(crate) fn fake_in_child(test: &str) -> Option<Fake> {
     match fake_or_skip()? {
         Driver::Real => {
             crate::fake_cuda::fake_only("a check of the fake driver itself");
@@ -23,7 +23,8 @@ fn fake_in_child(test: &str) -> Option<Fake> {
     }
 }
 
-fn violations_with(fake: &Fake, needle: &str) -> usize {
+/// How many of the fake's violations contain `needle`.
+pub(crate) fn violations_with(fake: &Fake, needle: &str) -> usize {
     fake.violations()
         .iter()
         .filter(|line| line.contains(needle))

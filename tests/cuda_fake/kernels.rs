@@ -15,8 +15,6 @@ use std::ffi::{CString, c_void};
 
 use burn::backend::Autodiff;
 use burn::backend::cuda::CudaDevice;
-use burn::module::Module;
-use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
@@ -28,8 +26,9 @@ use cudarc::nvrtc::result as nvrtc;
 use cudarc::nvrtc::sys::nvrtcResult;
 use parking_lot::Mutex;
 
-use crate::child::in_child;
-use crate::fake_cuda::{Driver, Fake, fake_or_skip};
+use crate::detector::{fake_in_child, violations_with};
+use crate::fake_cuda::{Driver, fake_or_skip};
+use crate::mlp_check::{INPUTS, Mlp, lcg};
 
 /// The Burn tests of this file share device 9 (one engine per device per process): one at a
 /// time.
@@ -37,19 +36,6 @@ static DEVICE_9: Mutex<()> = Mutex::new(());
 
 fn device(driver: &Driver) -> CudaDevice {
     CudaDevice::new(driver.ordinal(9))
-}
-
-/// `n` values in [-1, 1), deterministic.
-fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut state = seed;
-    (0..n)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 fn launches(driver: &Driver) -> u64 {
@@ -67,7 +53,7 @@ fn kernels_launched_through_caching_cuda_run_with_no_violation() {
     let _real = driver.real_turn();
     let device = device(&driver);
     let (rows, cols) = (48, 80);
-    let x = values(1, rows * cols);
+    let x = lcg(1, rows * cols);
     let before = launches(&driver);
 
     type U = CachingCudaUnfused;
@@ -112,31 +98,6 @@ fn kernels_launched_through_caching_cuda_run_with_no_violation() {
     }
 }
 
-#[derive(Module, Debug)]
-struct Mlp<B: Backend> {
-    input: Linear<B>,
-    hidden: Linear<B>,
-    output: Linear<B>,
-    activation: Relu,
-}
-
-impl<B: Backend> Mlp<B> {
-    fn new(inputs: usize, hidden: usize, device: &B::Device) -> Self {
-        Self {
-            input: LinearConfig::new(inputs, hidden).init(device),
-            hidden: LinearConfig::new(hidden, hidden).init(device),
-            output: LinearConfig::new(hidden, 1).init(device),
-            activation: Relu::new(),
-        }
-    }
-
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let x = self.activation.forward(self.input.forward(x));
-        let x = self.activation.forward(self.hidden.forward(x));
-        self.output.forward(x)
-    }
-}
-
 /// The sum of the allocated blocks of a snapshot.
 fn allocated_in_snapshot(device: &CudaDevice) -> u64 {
     backend::memory_snapshot(device)
@@ -156,16 +117,15 @@ fn train<B>(device: &B::Device, steps: usize) -> (Vec<f32>, Vec<u64>)
 where
     B: AutodiffBackend<Device = CudaDevice>,
 {
-    const INPUTS: usize = 16;
     let batch = 64;
-    let x = values(1, batch * INPUTS);
+    let x = lcg(1, batch * INPUTS);
     let y: Vec<f32> = x
         .chunks(INPUTS)
         .map(|row| row[0] * row[1] + row[2])
         .collect();
     let inputs = Tensor::<B, 2>::from_data(TensorData::new(x, [batch, INPUTS]), device);
     let targets = Tensor::<B, 2>::from_data(TensorData::new(y, [batch, 1]), device);
-    let mut model = Mlp::<B>::new(INPUTS, 32, device);
+    let mut model = Mlp::<B>::new(32, device);
     let mut optim = AdamConfig::new().init();
     let mut losses = Vec::with_capacity(steps);
     let mut reserved = Vec::with_capacity(steps);
@@ -274,7 +234,7 @@ fn a_tensor_made_on_one_thread_is_used_by_kernels_on_another_with_no_violation()
     let _real = driver.real_turn();
     let device = device(&driver);
     for (round, size) in [64usize, 4096, 70_000, 1 << 20].into_iter().enumerate() {
-        let x = values(round as u64 + 7, size);
+        let x = lcg(round as u64 + 7, size);
         let (unfused, fused) = (
             across_threads::<CachingCudaUnfused>(&device, &x),
             across_threads::<CachingCuda>(&device, &x),
@@ -386,7 +346,7 @@ fn an_in_place_write_after_another_streams_read_waits_for_that_read() {
         if let Some(fake) = driver.fake() {
             fake.set_schedule(crate::fake_cuda::Schedule::Random, seed);
         }
-        let x = values(seed, 4096);
+        let x = lcg(seed, 4096);
         let tensor = Tensor::<U, 1>::from_data(TensorData::new(x.clone(), [x.len()]), &device);
         let shared = tensor.clone();
         let (issued, wait_issued) = std::sync::mpsc::channel();
@@ -414,25 +374,6 @@ fn an_in_place_write_after_another_streams_read_waits_for_that_read() {
 
 // ---------------------------------------------------------------------------------------------
 // The fake itself: launches it must refuse or report.
-
-/// The fake, in the child process of `test`; `None` in the parent (after the child passed),
-/// and on the real driver (these check the fake itself).
-fn fake_in_child(test: &str) -> Option<Fake> {
-    match fake_or_skip()? {
-        Driver::Real => {
-            crate::fake_cuda::fake_only("a check of the fake driver itself");
-            None
-        }
-        Driver::Fake(fake) => in_child(test, &[]).then_some(fake),
-    }
-}
-
-fn violations_with(fake: &Fake, needle: &str) -> usize {
-    fake.violations()
-        .iter()
-        .filter(|line| line.contains(needle))
-        .count()
-}
 
 /// A kernel as cubecl-cpp writes one (sm_70 on: buffers, then the info structure by value, its
 /// `static_meta` starting with each buffer's length in elements).

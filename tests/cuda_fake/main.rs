@@ -60,6 +60,10 @@
 mod child;
 #[path = "../support/fake_cuda.rs"]
 mod fake_cuda;
+// The MLP and its data (`kernels` trains it); the wgpu checks of the file stay unused here.
+#[path = "../support/mlp_check.rs"]
+#[allow(dead_code)]
+mod mlp_check;
 
 /// Before libtest's `main`: under the fake, with the devices above.
 // SAFETY (`unsafe` in the attribute): runs before `main`, where std is set up on Linux; it

@@ -9,7 +9,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use burn_caching_alloc::backend::{self, CachingDevice};
 
-const INPUTS: usize = 16;
+/// Features per input row.
+pub const INPUTS: usize = 16;
 /// Steps after which reserved memory must not grow any more.
 const WARMUP: usize = 5;
 
@@ -20,8 +21,9 @@ pub struct MlpShape {
     pub steps: usize,
 }
 
+/// Three linear layers with ReLU between: `INPUTS` -> hidden -> hidden -> 1.
 #[derive(Module, Debug)]
-struct Mlp<B: Backend> {
+pub struct Mlp<B: Backend> {
     input: Linear<B>,
     hidden: Linear<B>,
     output: Linear<B>,
@@ -29,7 +31,7 @@ struct Mlp<B: Backend> {
 }
 
 impl<B: Backend> Mlp<B> {
-    fn new(hidden: usize, device: &B::Device) -> Self {
+    pub fn new(hidden: usize, device: &B::Device) -> Self {
         Self {
             input: LinearConfig::new(INPUTS, hidden).init(device),
             hidden: LinearConfig::new(hidden, hidden).init(device),
@@ -38,7 +40,7 @@ impl<B: Backend> Mlp<B> {
         }
     }
 
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let x = self.activation.forward(self.input.forward(x));
         let x = self.activation.forward(self.hidden.forward(x));
         self.output.forward(x)
