@@ -15,6 +15,8 @@
 //! - [`flat`]: a step's gradients as one tensor, for one all-reduce per step;
 //! - [`devices`]: the `--devices` names and the wgpu devices they open;
 //! - [`node`]: one node process: the all-reduce check and training, in registration rounds;
+//! - [`barrier`]: the barrier between the node processes at the end of each round (a small
+//!   TCP service the `orchestrator` subcommand runs next to burn-collective's orchestrators);
 //! - [`single`]: the same training on one device without burn-collective (the reference);
 //! - [`train`]: one SGD step, with or without the gradients' all-reduce;
 //! - [`report`]: the JSON lines every process prints (one per peer, one per device's memory).
@@ -22,6 +24,7 @@
 //! `src/main.rs` is the command line.
 #![warn(missing_docs)]
 
+pub mod barrier;
 pub mod data;
 pub mod devices;
 pub mod flat;

@@ -2,12 +2,17 @@
 //! training process of the collective) and `single` (the same training in one process, the
 //! reference). `--help` on each says what it takes; docs/src/several-devices.md has the commands
 //! for two machines.
+//!
+//! The `orchestrator` subcommand also serves [`collective::barrier`] on its port + 2: the
+//! nodes pass it at the end of each registration round, so that none stops serving its
+//! tensors while another may still be downloading them.
 
 use std::process::ExitCode;
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 use clap::{Parser, Subcommand, ValueEnum};
+use collective::barrier::BarrierService;
 use collective::devices::DeviceName;
 use collective::node::{self, NodeConfig};
 use collective::{PeerBackend, single};
@@ -35,9 +40,10 @@ enum BackendName {
 enum Command {
     /// Runs burn-collective's global orchestrator until Ctrl-C or SIGTERM (one per collective,
     /// on any machine the nodes reach): two of them, on the port and the next, which the
-    /// nodes' registration rounds alternate between.
+    /// nodes' registration rounds alternate between, and the barrier service the nodes pass
+    /// at the end of each round, on the port + 2.
     Orchestrator {
-        /// The first of the two ports it listens on (every interface).
+        /// The first of the three ports it listens on (every interface).
         #[arg(long, default_value_t = 3000)]
         port: u16,
     },
@@ -115,11 +121,26 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let Some(next) = port.checked_add(1) else {
-                eprintln!("error: port {port} has no next port for the second orchestrator");
+            let (Some(next), Some(barrier_port)) = (port.checked_add(1), port.checked_add(2))
+            else {
+                eprintln!(
+                    "error: port {port} has no two next ports for the second orchestrator and \
+                     the barrier service"
+                );
                 return ExitCode::FAILURE;
             };
-            println!("orchestrators on ports {port} and {next} (Ctrl-C stops them)");
+            let barrier = match BarrierService::bind(("0.0.0.0", barrier_port)) {
+                Ok(barrier) => barrier,
+                Err(err) => {
+                    eprintln!("error: cannot listen on port {barrier_port} for the barrier: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            barrier.spawn();
+            println!(
+                "orchestrators on ports {port} and {next}, the nodes' barrier on {barrier_port} \
+                 (Ctrl-C stops them)"
+            );
             runtime.spawn(burn_collective::start_global_orchestrator(next));
             runtime.block_on(burn_collective::start_global_orchestrator(port));
             ExitCode::SUCCESS

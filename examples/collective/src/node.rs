@@ -20,9 +20,10 @@
 //! - each step's gradients go through one all-reduce, flattened into one tensor
 //!   ([`crate::flat`]);
 //! - each operation (the check, then each step) has its registration round: `register`, the
-//!   operation, `finish_collective`, then a barrier between the local peers, so that no peer
-//!   registers the next round while another still belongs to this one (burn-collective's
-//!   local server would take it for a peer of the current round);
+//!   operation, the barrier between the nodes (below), `finish_collective`, then a barrier
+//!   between the local peers, so that no peer registers the next round while another still
+//!   belongs to this one (burn-collective's local server would take it for a peer of the
+//!   current round);
 //! - rounds alternate between two orchestrators (the `--orchestrator` port and the next) and
 //!   two data ports (`--port` and the next). burn-collective's orchestrator numbers a node by
 //!   the number of nodes registered when it arrives (`src/global/orchestrator/state.rs`,
@@ -32,11 +33,17 @@
 //!   it, which each does after its `finish_collective` of round r returned (it waits for the
 //!   orchestrator's acknowledgement); round r + 2, back on the first orchestrator, so starts
 //!   after every node left round r there. The data port alternates for the same reason:
-//!   round r's server stops listening asynchronously after its `finish_collective`.
+//!   round r's server stops listening asynchronously after its `finish_collective`;
+//! - before that `finish_collective`, every node passes a barrier between the processes
+//!   ([`crate::barrier`], served by the `orchestrator` subcommand on its port + 2; one local
+//!   peer per node goes, between two local barriers), since `finish_collective` stops the
+//!   round's data server while another node may still be downloading from it, which then
+//!   waits forever.
 
 use std::str::FromStr;
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex, PoisonError};
 use std::thread;
+use std::time::Duration;
 
 use burn::backend::Autodiff;
 use burn::collective::{
@@ -49,6 +56,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_communication::Address;
 
 use crate::PeerBackend;
+use crate::barrier;
 use crate::data::{self, ShardError};
 use crate::devices::{DeviceName, DeviceNameError};
 use crate::model::Model;
@@ -59,7 +67,8 @@ use crate::train::{self, GradientSync};
 #[derive(Debug, Clone, clap::Args)]
 pub struct NodeConfig {
     /// The orchestrator's address, `ws://HOST:PORT`. With several processes the orchestrator
-    /// listens on PORT and PORT + 1 (registration rounds alternate between the two).
+    /// listens on PORT and PORT + 1 (registration rounds alternate between the two), and the
+    /// nodes meet at its barrier service on HOST, PORT + 2 at the end of each round.
     #[arg(long, default_value = "ws://127.0.0.1:3000")]
     pub orchestrator: String,
     /// This machine's host name or address, as the other nodes reach it.
@@ -67,8 +76,9 @@ pub struct NodeConfig {
     pub host: String,
     /// This node's port for tensor transfers (listens on every interface; the other nodes
     /// download from it). With several processes it also uses the next port (registration
-    /// rounds alternate between the two).
-    #[arg(long, default_value_t = 3001)]
+    /// rounds alternate between the two). The default leaves the orchestrator's three ports
+    /// (3000 to 3002) free on its machine.
+    #[arg(long, default_value_t = 3003)]
     pub port: u16,
     /// This process's rank, 0 to world size - 1.
     #[arg(long)]
@@ -117,6 +127,15 @@ pub enum NodeError {
         /// burn-collective's error.
         error: CollectiveError,
     },
+    /// The barrier between the nodes at the end of a round failed (for a node's every local
+    /// peer, the error of the one that went to it).
+    #[error("peer {peer}: the barrier between the nodes failed: {why}")]
+    Barrier {
+        /// The peer that saw it.
+        peer: usize,
+        /// The barrier's error.
+        why: String,
+    },
     /// A peer's thread panicked.
     #[error("peer {0}'s thread panicked")]
     Panicked(usize),
@@ -137,14 +156,35 @@ fn port_plus(address: &str, offset: u16) -> Result<String, NodeError> {
     Ok(format!("{head}:{port}"))
 }
 
+/// How long a node waits at the barrier between the nodes before it gives up: generous, since
+/// the nodes arrive within a global operation of one another.
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The barrier service's `host:port` for the orchestrator at `address` (`scheme://host:port`):
+/// the same host, the port + 2.
+fn barrier_address(address: &str) -> Result<String, NodeError> {
+    let moved = port_plus(address, 2)?;
+    let (_, host_port) = moved.split_once("://").ok_or_else(|| {
+        NodeError::Address(address.to_string(), "expected scheme://host:port".into())
+    })?;
+    Ok(host_port.to_string())
+}
+
 /// burn-collective's configurations, the same on every peer of this process.
 #[derive(Debug, Clone)]
 enum Rounds {
     /// One process: the local level alone (no orchestrator), one registration.
     Local(CollectiveConfig),
-    /// Several processes: one registration per global operation, alternating between these
-    /// two configurations (the two orchestrator ports, the two data ports).
-    Global([CollectiveConfig; 2]),
+    /// Several processes: one registration per global operation.
+    Global {
+        /// The rounds alternate between these two configurations (the two orchestrator
+        /// ports, the two data ports).
+        configs: [CollectiveConfig; 2],
+        /// The barrier service's `host:port` ([`barrier_address`]).
+        barrier: String,
+        /// The number of node processes.
+        world_size: usize,
+    },
 }
 
 impl Rounds {
@@ -152,7 +192,7 @@ impl Rounds {
     fn config(&self, round: usize) -> CollectiveConfig {
         match self {
             Rounds::Local(config) => config.clone(),
-            Rounds::Global(configs) => configs[round % 2].clone(),
+            Rounds::Global { configs, .. } => configs[round % 2].clone(),
         }
     }
 }
@@ -188,7 +228,11 @@ impl NodeConfig {
                 // any shape.
                 .with_global_all_reduce_strategy(AllReduceStrategy::Tree(2)))
         };
-        Ok(Rounds::Global([round(0)?, round(1)?]))
+        Ok(Rounds::Global {
+            configs: [round(0)?, round(1)?],
+            barrier: barrier_address(&self.orchestrator)?,
+            world_size: self.world_size,
+        })
     }
 }
 
@@ -197,7 +241,8 @@ impl NodeConfig {
 ///
 /// # Errors
 ///
-/// A bad layout, device name or address, and burn-collective's errors.
+/// A bad layout, device name or address, burn-collective's errors, and a failed barrier
+/// between the nodes.
 pub fn run<B: PeerBackend>(config: &NodeConfig) -> Result<Vec<Report>, NodeError>
 where
     Autodiff<B>: AutodiffBackend<Device = B::Device>,
@@ -216,18 +261,16 @@ where
         .map(|name| B::Device::parse(name))
         .collect::<Result<Vec<_>, _>>()?;
     let rounds = config.rounds()?;
-    let barrier = Arc::new(Barrier::new(config.devices.len()));
+    let local_peers = Arc::new(LocalPeers::new(config.devices.len()));
     let handles: Vec<_> = devices
         .iter()
         .enumerate()
         .map(|(local, device)| {
             let peer = config.rank * config.devices.len() + local;
             let (config, rounds, device) = (config.clone(), rounds.clone(), device.clone());
-            let barrier = barrier.clone();
-            let handle = thread::spawn(move || {
-                run_peer::<B>(&config, &rounds, &barrier, peer, &device)
-                    .map_err(|error| NodeError::Collective { peer, error })
-            });
+            let local_peers = local_peers.clone();
+            let handle =
+                thread::spawn(move || run_peer::<B>(&config, &rounds, &local_peers, peer, &device));
             (peer, handle)
         })
         .collect();
@@ -243,45 +286,100 @@ where
     Ok(reports)
 }
 
+/// What the peers of this process share between rounds: their barrier, and the outcome of the
+/// barrier between the nodes, which one of them (the local barrier's leader) goes to.
+struct LocalPeers {
+    barrier: Barrier,
+    /// Why the barrier between the nodes failed, once it has.
+    failure: Mutex<Option<String>>,
+}
+
+impl LocalPeers {
+    fn new(peers: usize) -> Self {
+        Self {
+            barrier: Barrier::new(peers),
+            failure: Mutex::new(None),
+        }
+    }
+}
+
 /// A peer's registrations: one for a process alone, one per global operation otherwise.
 struct Registration<'a, B: PeerBackend> {
-    id: PeerId,
+    peer: usize,
     device: &'a B::Device,
     rounds: &'a Rounds,
-    barrier: &'a Barrier,
+    local: &'a LocalPeers,
     /// The next round to register.
     round: usize,
     registered: bool,
 }
 
 impl<B: PeerBackend> Registration<'_, B> {
+    /// burn-collective's error, as this peer's.
+    fn collective(&self, error: CollectiveError) -> NodeError {
+        NodeError::Collective {
+            peer: self.peer,
+            error,
+        }
+    }
+
     /// Registers for the next operation, unless still registered from the last one (one
     /// process).
-    fn enter(&mut self) -> Result<(), CollectiveError> {
+    fn enter(&mut self) -> Result<(), NodeError> {
         if !self.registered {
             let config = self.rounds.config(self.round);
-            collective::register::<B>(self.id, self.device.clone(), config)?;
+            collective::register::<B>(PeerId::from(self.peer), self.device.clone(), config)
+                .map_err(|error| self.collective(error))?;
             self.round += 1;
             self.registered = true;
         }
         Ok(())
     }
 
-    /// Ends the round after a global operation (several processes): unregisters, then waits
-    /// until every local peer has (burn-collective drops the global node with the last).
-    fn leave(&mut self) -> Result<(), CollectiveError> {
-        if matches!(self.rounds, Rounds::Global(_)) {
-            self.finish()?;
-            self.barrier.wait();
+    /// Ends the round after a global operation (several processes): once every local peer
+    /// has its result, one of them waits at the barrier between the nodes, until every node's
+    /// peers have theirs (so no node stops serving a download still under way); then each
+    /// unregisters, and waits until every local peer has (burn-collective drops the global
+    /// node with the last).
+    fn leave(&mut self) -> Result<(), NodeError> {
+        let Rounds::Global {
+            barrier: address,
+            world_size,
+            ..
+        } = self.rounds
+        else {
+            return Ok(());
+        };
+        let failure = || {
+            let failure = self.local.failure.lock();
+            failure.unwrap_or_else(PoisonError::into_inner).clone()
+        };
+        if self.local.barrier.wait().is_leader() {
+            // The round just registered: `enter` counted it.
+            let round = self.round - 1;
+            if let Err(err) = barrier::wait(address, *world_size, round, BARRIER_TIMEOUT) {
+                let failure = self.local.failure.lock();
+                *failure.unwrap_or_else(PoisonError::into_inner) = Some(err.to_string());
+            }
         }
+        self.local.barrier.wait();
+        if let Some(why) = failure() {
+            return Err(NodeError::Barrier {
+                peer: self.peer,
+                why,
+            });
+        }
+        self.finish()?;
+        self.local.barrier.wait();
         Ok(())
     }
 
     /// Unregisters, if registered.
-    fn finish(&mut self) -> Result<(), CollectiveError> {
+    fn finish(&mut self) -> Result<(), NodeError> {
         if self.registered {
             self.registered = false;
-            collective::finish_collective::<B>(self.id)?;
+            collective::finish_collective::<B>(PeerId::from(self.peer))
+                .map_err(|error| self.collective(error))?;
         }
         Ok(())
     }
@@ -291,20 +389,21 @@ impl<B: PeerBackend> Registration<'_, B> {
 fn run_peer<B: PeerBackend>(
     config: &NodeConfig,
     rounds: &Rounds,
-    barrier: &Barrier,
+    local: &LocalPeers,
     peer: usize,
     device: &B::Device,
-) -> Result<PeerReport, CollectiveError>
+) -> Result<PeerReport, NodeError>
 where
     Autodiff<B>: AutodiffBackend<Device = B::Device>,
 {
     let id = PeerId::from(peer);
     let peers = config.peers();
+    let collective = |error| NodeError::Collective { peer, error };
     let mut registration = Registration::<B> {
-        id,
+        peer,
         device,
         rounds,
-        barrier,
+        local,
         round: 0,
         registered: false,
     };
@@ -312,7 +411,8 @@ where
     registration.enter()?;
     let input = Tensor::<B, 1>::from_floats(check_values(peer).as_slice(), device);
     let summed =
-        collective::all_reduce::<B>(id, input.into_primitive().tensor(), ReduceOperation::Sum)?;
+        collective::all_reduce::<B>(id, input.into_primitive().tensor(), ReduceOperation::Sum)
+            .map_err(collective)?;
     let all_reduce = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(summed))
         .into_data()
         .to_vec::<f32>()
@@ -321,7 +421,7 @@ where
 
     let sync = match rounds {
         Rounds::Local(_) => GradientSync::PerParameter(id),
-        Rounds::Global(_) => GradientSync::Flattened(id),
+        Rounds::Global { .. } => GradientSync::Flattened(id),
     };
     let mut model = Model::<Autodiff<B>>::new(device);
     let mut optim = SgdConfig::new().init();
@@ -329,7 +429,8 @@ where
     for step in 0..config.steps {
         let shard = data::shard(step, peer, peers).expect("checked before the peers started");
         registration.enter()?;
-        let (next, loss) = train::step::<B>(model, &mut optim, &shard, device, sync)?;
+        let (next, loss) =
+            train::step::<B>(model, &mut optim, &shard, device, sync).map_err(collective)?;
         registration.leave()?;
         model = next;
         losses.push(loss);
@@ -365,6 +466,21 @@ mod tests {
         for bad in ["ws://host", "ws://host:x", "ws://host:65535"] {
             assert!(
                 matches!(port_plus(bad, 1), Err(NodeError::Address(..))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_barrier_service_of_an_orchestrator() {
+        assert_eq!(
+            barrier_address("ws://10.0.0.1:3000").unwrap(),
+            "10.0.0.1:3002"
+        );
+        assert_eq!(barrier_address("ws://[::1]:80").unwrap(), "[::1]:82");
+        for bad in ["10.0.0.1:3000", "ws://host:65534", "ws://host"] {
+            assert!(
+                matches!(barrier_address(bad), Err(NodeError::Address(..))),
                 "{bad}"
             );
         }

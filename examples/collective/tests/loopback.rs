@@ -12,7 +12,9 @@
 //!   operation (the check, then each step), the step's gradients flattened into one
 //!   all-reduce (`collective::flat`), rounds alternating between two orchestrators and two
 //!   data ports per node; two steps, so the third round is back on the first orchestrator and
-//!   port.
+//!   port. Each round ends with the nodes' barrier (the orchestrator process's service on its
+//!   port + 2), without which a node could stop serving while the other still downloads from
+//!   it, and that one would wait forever.
 //!
 //! Asserted: the all-reduce of small-integer floats equals their sum exactly on every peer;
 //! where the run trains, every peer's parameters after the steps equal those of the one-process
@@ -68,21 +70,29 @@ fn cpu_adapter() -> bool {
     false
 }
 
-/// `n` ports nobody listens on now, each with the next one free too (the orchestrator and each
-/// node use a port and the next), all different: the OS picks the first of each pair, and
-/// every pair is held until all are found (released before the processes bind them).
-fn free_port_pairs(n: usize) -> Vec<u16> {
+/// For each of `widths`, a port nobody listens on now with the `width - 1` next ones free too
+/// (each node uses a port and the next; the orchestrator a port and the next two), none
+/// shared: the OS picks the first port of each run, and every run is held until all are found
+/// (released before the processes bind them).
+fn free_port_runs(widths: &[u16]) -> Vec<u16> {
     let mut held = Vec::new();
     let mut ports = Vec::new();
-    while ports.len() < n {
-        let first = TcpListener::bind("0.0.0.0:0").expect("bind a port");
-        let port = first.local_addr().expect("local address").port();
-        let Some(next) = port.checked_add(1) else {
-            continue;
-        };
-        if let Ok(second) = TcpListener::bind(("0.0.0.0", next)) {
-            held.extend([first, second]);
-            ports.push(port);
+    for &width in widths {
+        loop {
+            let first = TcpListener::bind("0.0.0.0:0").expect("bind a port");
+            let port = first.local_addr().expect("local address").port();
+            let rest: Option<Vec<TcpListener>> = (1..width)
+                .map(|offset| {
+                    let next = port.checked_add(offset)?;
+                    TcpListener::bind(("0.0.0.0", next)).ok()
+                })
+                .collect();
+            if let Some(rest) = rest {
+                held.push(first);
+                held.extend(rest);
+                ports.push(port);
+                break;
+            }
         }
     }
     ports
@@ -203,7 +213,11 @@ fn memory(reports: &[Report]) -> Vec<MemoryReport> {
 fn run_case(world: usize, devices: &str, steps: usize) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     let deadline = Instant::now() + DEADLINE;
-    let ports = free_port_pairs(world + 1);
+    // Two ports per node, then three for the orchestrator process (its two orchestrators and
+    // the nodes' barrier).
+    let mut widths = vec![2; world];
+    widths.push(3);
+    let ports = free_port_runs(&widths);
     let orchestrator_port = ports[world];
     let orchestrator = (world > 1).then(|| {
         let args = [
