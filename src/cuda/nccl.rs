@@ -11,7 +11,8 @@
 //! error (`ncclCommGetAsyncError`, or a failed call) marks the group broken and aborts every
 //! communicator of it that is not in use, so that a collective already waiting on the device
 //! for that member ends; every member then gets the error on its stream at its next
-//! all-reduce or sync, and the group is not used again.
+//! all-reduce or sync, and the group is not used again. A member whose server drops aborts
+//! its communicator (never `ncclCommDestroy`, which would wait for peers) and ends the group.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -162,7 +163,6 @@ pub struct Nccl {
     all_reduce: AllReduce,
     comm_get_async_error: CommGetAsyncError,
     comm_abort: CommFree,
-    comm_destroy: CommFree,
     get_error_string: GetErrorString,
     /// Kept loaded for the process: the function pointers above point into it.
     _library: libloading::Library,
@@ -248,7 +248,6 @@ impl Nccl {
                 all_reduce: symbol(&library, "ncclAllReduce")?,
                 comm_get_async_error: symbol(&library, "ncclCommGetAsyncError")?,
                 comm_abort: symbol(&library, "ncclCommAbort")?,
-                comm_destroy: symbol(&library, "ncclCommDestroy")?,
                 get_error_string: symbol(&library, "ncclGetErrorString")?,
                 _library: library,
             })
@@ -527,6 +526,11 @@ impl Group {
     /// in use is aborted by its member when it sees the mark).
     fn break_with(&self, reason: String) {
         log::error!("caching allocator: NCCL group broken, every member stops using it: {reason}");
+        self.mark_broken(reason);
+    }
+
+    /// As [`Group::break_with`], without the error log (a member leaving on purpose).
+    fn mark_broken(&self, reason: String) {
         self.broken.lock().get_or_insert(reason);
         for slot in &self.comms {
             if let Some(mut guard) = slot.try_lock_for(Duration::from_millis(100))
@@ -538,21 +542,22 @@ impl Group {
         }
     }
 
-    /// Rank `rank`'s communicator destroyed (its server is dropping): waits for its queued
-    /// work; aborted instead when the group broke.
+    /// Rank `rank`'s server is dropping: its communicator is aborted, never destroyed, and the
+    /// group breaks. `ncclCommDestroy` waits for the rank's queued collectives, which wait for
+    /// every member: a member that never calls would hang the drop. A group without this
+    /// member can run no collective again, so the others get the break as an error instead of
+    /// waiting for it (their communicators are aborted too).
     pub fn release(&self, rank: usize) {
-        let Some(comm) = self.comms[rank].lock().take() else {
-            return;
-        };
-        let free = if self.broken().is_some() {
-            self.nccl.comm_abort
-        } else {
-            self.nccl.comm_destroy
-        };
-        // SAFETY: a live communicator, taken out so nothing uses it again.
-        let code = unsafe { free(comm.0) };
-        if let Err(err) = self.nccl.check("ncclCommDestroy", code) {
-            log::warn!("caching allocator: {err}");
+        if self.broken().is_none() {
+            log::debug!("caching allocator: NCCL group member {rank} dropped, the group ends");
+        }
+        self.mark_broken(format!("the server of member {rank} was dropped"));
+        if let Some(comm) = self.comms[rank].lock().take() {
+            // SAFETY: a live communicator, taken out so nothing uses it again.
+            let code = unsafe { (self.nccl.comm_abort)(comm.0) };
+            if let Err(err) = self.nccl.check("ncclCommAbort", code) {
+                log::warn!("caching allocator: {err}");
+            }
         }
     }
 }
@@ -560,7 +565,10 @@ impl Group {
 fn broken(reason: &str) -> String {
     format!(
         "NCCL: this device's group can no longer be used ({reason}); every member of it gets \
-         this error, and collectives of the group fail from now on"
+         this error, and all-reduces over these devices fail through NCCL for the rest of the \
+         process. To go on, reduce through host memory (`set_communication(Communication::Host)` \
+         or {}=host), or restart the process to use NCCL again",
+        crate::runtime::COMM_ENV
     )
 }
 

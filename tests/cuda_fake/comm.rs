@@ -5,13 +5,18 @@
 //! several seeds; NCCL all-reduce (sum, mean) across two and four devices from one thread per
 //! device; out of memory on the destination as the allocator's error on its stream; a member
 //! that fails before its NCCL call (its destination too small) breaking the group, so that the
-//! others get an error instead of waiting; the host path's pinned staging reused round after
+//! others get an error instead of waiting; a member's driver dropped while its collective waits
+//! for a peer, aborting instead of hanging; the host path's pinned staging reused round after
 //! round. The fake's contract log must stay empty (peer access, cross-context use, frees of memory in use).
 
 use burn::backend::cuda::CudaDevice;
-use burn_caching_alloc::cuda::CachingCudaRuntime;
-use burn_caching_alloc::runtime::{Communication, set_communication};
-use cubecl_common::device::Device;
+use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
+use burn_caching_alloc::cuda::{CachingCudaRuntime, CudaDriver};
+use burn_caching_alloc::device::DeviceStream;
+use burn_caching_alloc::runtime::{
+    Collective, Communication, DeviceReduce, Driver as _, Resource, set_communication,
+};
+use cubecl_common::device::{Device, DeviceId};
 use cubecl_ir::{ElemType, FloatKind, UIntKind};
 use cubecl_runtime::client::ComputeClient;
 use cubecl_runtime::runtime::Runtime;
@@ -385,5 +390,80 @@ fn members_of_one_all_reduce_take_the_path_the_first_read_when_the_setting_chang
         "no NCCL call on the host path"
     );
     set_communication(Communication::Auto);
+    fake.assert_no_violations();
+}
+
+/// A device's driver dropped while its part of an all-reduce waits for a member that has not
+/// called (its server going away, e.g. its thread's last client dropped): `ncclCommDestroy`
+/// would wait for that collective, which waits for the member, forever (the fake reports such
+/// a destroy as a violation). The drop aborts the communicator instead, which cancels the
+/// collective, and ends the group, so the member that calls later gets the break as an error
+/// that says how to go on, instead of waiting for a device that is gone.
+#[test]
+fn a_driver_dropped_while_its_all_reduce_waits_for_a_peer_aborts_and_ends_the_group() {
+    let Some(fake) = four_devices(
+        "comm::a_driver_dropped_while_its_all_reduce_waits_for_a_peer_aborts_and_ends_the_group",
+    ) else {
+        return;
+    };
+    let group = [0, 1].map(|index_id| DeviceId {
+        type_id: 0,
+        index_id,
+    });
+    let path = Ok(Communication::Nccl);
+    // Member `rank`'s driver, its engine, and its part of an all-reduce of 8 bytes issued.
+    let member = |rank: usize| {
+        let mut driver = CudaDriver::open(group[rank]).expect("driver");
+        let alloc =
+            CachingAllocator::new(driver.memory(), AllocatorConfig::default()).expect("allocator");
+        let block = alloc.malloc(8, DeviceStream(0)).expect("8 bytes");
+        let resource = Resource::<CudaDriver> {
+            segment: *block.segment(),
+            offset: block.offset(),
+            size: 8,
+        };
+        let mut stream = driver.create_stream(DeviceStream(0));
+        // SAFETY: a live block of 8 bytes, kept allocated until the collective has ended (the
+        // caller drops the driver, which ends it, before the block).
+        let issued = unsafe {
+            driver.all_reduce(
+                &mut stream,
+                Collective {
+                    src: &resource,
+                    dst: &resource,
+                    len: 8,
+                    dtype: ElemType::Float(FloatKind::F32),
+                    op: &ReduceOperation::Sum,
+                    group: &group,
+                    rank,
+                    path: &path,
+                },
+            )
+        };
+        (driver, stream, alloc, block, issued)
+    };
+
+    let (driver, _stream, alloc, block, issued) = member(0);
+    assert!(matches!(issued, Ok(DeviceReduce::Issued)), "{issued:?}");
+    // Member 1 has not called: member 0's collective waits on its stream. Dropping the driver
+    // returns, having cancelled it; then the block goes.
+    drop(driver);
+    alloc.free(block).expect("free");
+    drop(alloc);
+    assert_eq!(fake.calls("ncclCommDestroy"), 0);
+    assert_eq!(
+        fake.calls("ncclCommAbort"),
+        2,
+        "both members' communicators"
+    );
+
+    let (driver, _stream, alloc, block, issued) = member(1);
+    let err = issued
+        .expect_err("the group ended with member 0")
+        .to_string();
+    assert!(err.contains("member 0 was dropped"), "{err}");
+    assert!(err.contains("Communication::Host"), "{err}");
+    drop(driver);
+    alloc.free(block).expect("free");
     fake.assert_no_violations();
 }
