@@ -15,6 +15,7 @@
 //! | `FAKE_CUDA_SEED` | the scheduler's seed | 1 |
 //! | `FAKE_CUDA_VIOLATIONS` | a file every contract violation is appended to | none |
 //! | `FAKE_CUDA_LEAKS` | where the at-exit report of what was never freed goes: a file, or `stderr` | none |
+//! | `FAKE_NCCL_COMM_BYTES` | device memory each communicator of `ncclCommInitAll` takes (NCCL's own buffers), suffixes K/M/G; without room on a device the call fails with `ncclUnhandledCudaError`; freed when the communicator is destroyed or aborted | 0 |
 //! | `FAKE_CUDA_DEADLOCK_SECS` | how long a synchronisation may wait for work no thread can make ready | 30 |
 
 use std::env;
@@ -75,6 +76,7 @@ pub struct Config {
     pub violations_file: Option<String>,
     pub leaks: Option<String>,
     pub deadlock_secs: u64,
+    pub nccl_comm_bytes: u64,
 }
 
 /// `4G`, `64M`, `512K`, `1000`.
@@ -226,6 +228,9 @@ impl Config {
             deadlock_secs: var("FAKE_CUDA_DEADLOCK_SECS")
                 .and_then(|value| value.trim().parse().ok())
                 .unwrap_or(30),
+            nccl_comm_bytes: var("FAKE_NCCL_COMM_BYTES")
+                .and_then(|value| parse_size(&value))
+                .unwrap_or(0),
         }
     }
 }

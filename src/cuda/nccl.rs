@@ -19,6 +19,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
+use caching_alloc_engine::registry::{self, DeviceKey};
 use cubecl_common::device::DeviceId;
 use cubecl_ir::{ElemType, FloatKind, IntKind, UIntKind};
 use cubecl_runtime::server::ReduceOperation;
@@ -403,8 +404,14 @@ impl Group {
         }
         let ordinals: Vec<c_int> = devices.iter().map(|id| c_int::from(id.index_id)).collect();
         let mut raw: Vec<RawComm> = vec![std::ptr::null_mut(); devices.len()];
-        let broken = nccl
-            .make_clique(&mut raw, &ordinals, bind)
+        let mut made = nccl.make_clique(&mut raw, &ordinals, bind);
+        if made.is_err() && release_cached(&ordinals) > 0 {
+            // NCCL allocates its buffers with the driver, beside the members' engines: with
+            // their cached segments given back, once more.
+            raw.fill(std::ptr::null_mut());
+            made = nccl.make_clique(&mut raw, &ordinals, bind);
+        }
+        let broken = made
             .err()
             .map(|err| format!("{err} for devices {ordinals:?}"));
         let comms = raw
@@ -560,6 +567,19 @@ impl Group {
             }
         }
     }
+}
+
+/// Empties the cache of every member's engine (the CUDA servers register theirs by ordinal),
+/// so that NCCL's own buffers find room; the bytes given back to the driver.
+fn release_cached(ordinals: &[c_int]) -> u64 {
+    let name = <super::CudaDriver as crate::runtime::Driver>::NAME;
+    ordinals
+        .iter()
+        .filter_map(|&ordinal| {
+            let key = DeviceKey::new(name, u32::try_from(ordinal).ok()?);
+            registry::engine(key)?.empty_cache().ok()
+        })
+        .sum()
 }
 
 fn broken(reason: &str) -> String {

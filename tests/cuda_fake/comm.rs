@@ -6,28 +6,37 @@
 //! device; out of memory on the destination as the allocator's error on its stream; a member
 //! that fails before its NCCL call (its destination too small) breaking the group, so that the
 //! others get an error instead of waiting; a member's driver dropped while its collective waits
-//! for a peer, aborting instead of hanging; the host path's pinned staging reused round after
+//! for a peer, aborting instead of hanging; NCCL's own buffers finding room once the members'
+//! engines gave their cache back; the host path's pinned staging reused round after
 //! round. The fake's contract log must stay empty (peer access, cross-context use, frees of memory in use).
 
 use burn::backend::cuda::CudaDevice;
 use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
-use burn_caching_alloc::cuda::{CachingCudaRuntime, CudaDriver};
+use burn_caching_alloc::cuda::{CachingCudaRuntime, CudaDriver, CudaMemory};
 use burn_caching_alloc::device::DeviceStream;
 use burn_caching_alloc::runtime::{
     Collective, Communication, DeviceReduce, Driver as _, Resource, set_communication,
 };
+use caching_alloc_engine::registry::{self, DeviceKey};
 use cubecl_common::device::{Device, DeviceId};
 use cubecl_ir::{ElemType, FloatKind, UIntKind};
 use cubecl_runtime::client::ComputeClient;
 use cubecl_runtime::runtime::Runtime;
 use cubecl_runtime::server::{CopyDescriptor, Handle, ReduceOperation};
 
+use crate::MIB;
 use crate::child::in_child;
 use crate::fake_cuda::{Driver, Fake, SCHEDULES, Schedule, fake_only, fake_or_skip};
+use crate::nccl::f32s;
 
 type Client = ComputeClient<CachingCudaRuntime>;
 
 fn four_devices(test: &str) -> Option<Fake> {
+    four_devices_with(test, &[])
+}
+
+/// As [`four_devices`], with `more` variables for the child.
+fn four_devices_with(test: &str, more: &[(&str, Option<&std::ffi::OsStr>)]) -> Option<Fake> {
     let driver = fake_or_skip()?;
     let Driver::Fake(fake) = driver else {
         fake_only("four fake devices");
@@ -43,6 +52,7 @@ fn four_devices(test: &str) -> Option<Fake> {
         // A member left waiting is reported (a violation) after this long, not 30 s.
         ("FAKE_CUDA_DEADLOCK_SECS", Some(std::ffi::OsStr::new("10"))),
     ];
+    let envs: Vec<_> = envs.iter().chain(more).copied().collect();
     in_child(test, &envs).then_some(fake)
 }
 
@@ -465,5 +475,99 @@ fn a_driver_dropped_while_its_all_reduce_waits_for_a_peer_aborts_and_ends_the_gr
     assert!(err.contains("Communication::Host"), "{err}");
     drop(driver);
     alloc.free(block).expect("free");
+    fake.assert_no_violations();
+}
+
+/// NCCL allocates its own buffers with the driver when a group's communicators are made (tens
+/// to hundreds of MiB per GPU), beside the engines: on a device whose memory an engine holds as
+/// cache that fails (the fake: `FAKE_NCCL_COMM_BYTES`, `ncclUnhandledCudaError` without room).
+/// Making them then empties the members' engine caches and tries once more, as the engine's own
+/// out-of-memory path does before it fails. Device 3 has 64 MiB; its engine caches 40 MiB and
+/// holds a 2 MiB segment for the all-reduce's buffer; NCCL needs 32 MiB there.
+#[test]
+fn making_a_groups_communicators_empties_the_members_caches_when_nccl_finds_no_room() {
+    let Some(fake) = four_devices_with(
+        "comm::making_a_groups_communicators_empties_the_members_caches_when_nccl_finds_no_room",
+        &[("FAKE_NCCL_COMM_BYTES", Some(std::ffi::OsStr::new("32M")))],
+    ) else {
+        return;
+    };
+    let group = [2, 3].map(|index_id| DeviceId {
+        type_id: 0,
+        index_id,
+    });
+    let path = Ok(Communication::Nccl);
+    let mut drivers = group.map(|id| CudaDriver::open(id).expect("driver"));
+    let engines = drivers.each_mut().map(|driver| {
+        std::sync::Arc::new(
+            CachingAllocator::<CudaMemory>::new(driver.memory(), AllocatorConfig::default())
+                .expect("allocator"),
+        )
+    });
+    // Registered as the CUDA servers register theirs: how NCCL's path finds them.
+    for (id, engine) in group.iter().zip(&engines) {
+        registry::register(DeviceKey::new("cuda", u32::from(id.index_id)), engine);
+    }
+    let cached = engines[1]
+        .malloc(40 * MIB, DeviceStream(0))
+        .expect("40 MiB");
+    engines[1].free(cached).expect("free");
+    let blocks = engines
+        .each_ref()
+        .map(|engine| engine.malloc(8, DeviceStream(0)).expect("8 bytes"));
+    let resources = blocks.each_ref().map(|block| Resource::<CudaDriver> {
+        segment: *block.segment(),
+        offset: block.offset(),
+        size: 8,
+    });
+    let mut streams = drivers
+        .each_mut()
+        .map(|driver| driver.create_stream(DeviceStream(0)));
+    let inputs = [f32s(&[1.0, 2.0]), f32s(&[10.0, 20.0])];
+    for rank in 0..2 {
+        // SAFETY: live blocks of 8 bytes, allocated until the end of the test, after the
+        // collective and the reads.
+        let issued = unsafe {
+            drivers[rank]
+                .write(&mut streams[rank], &resources[rank], &inputs[rank])
+                .expect("write");
+            drivers[rank].all_reduce(
+                &mut streams[rank],
+                Collective {
+                    src: &resources[rank],
+                    dst: &resources[rank],
+                    len: 8,
+                    dtype: ElemType::Float(FloatKind::F32),
+                    op: &ReduceOperation::Sum,
+                    group: &group,
+                    rank,
+                    path: &path,
+                },
+            )
+        };
+        assert!(matches!(issued, Ok(DeviceReduce::Issued)), "{issued:?}");
+    }
+    for rank in 0..2 {
+        // SAFETY: as above.
+        let back = cubecl_common::future::block_on(unsafe {
+            drivers[rank].read(&mut streams[rank], vec![(resources[rank].clone(), 8)])
+        })
+        .expect("read");
+        assert_eq!(back[0].to_vec(), f32s(&[11.0, 22.0]), "rank {rank}");
+    }
+    assert_eq!(
+        fake.calls("ncclCommInitAll"),
+        2,
+        "made again after the cache went"
+    );
+    assert_eq!(
+        engines[1].memory_reserved(),
+        2 * MIB,
+        "device 3's cached 40 MiB went back; the buffer's segment stayed"
+    );
+    drop(drivers);
+    for (engine, block) in engines.iter().zip(blocks) {
+        engine.free(block).expect("free");
+    }
     fake.assert_no_violations();
 }

@@ -61,7 +61,7 @@ fn download(context: &CudaContext, ptr: u64, len: usize, stream: sys::CUstream) 
     out
 }
 
-fn f32s(values: &[f32]) -> Vec<u8> {
+pub(crate) fn f32s(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_ne_bytes()).collect()
 }
 

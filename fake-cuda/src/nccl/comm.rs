@@ -6,7 +6,9 @@ use std::ffi::{c_char, c_int, c_void};
 use std::time::{Duration, Instant};
 
 use super::state::{Clique, Comm, UniqueId};
-use super::{NCCL_INVALID_ARGUMENT, NCCL_INVALID_USAGE, NCCL_SUCCESS, nccl_reject};
+use super::{
+    NCCL_INVALID_ARGUMENT, NCCL_INVALID_USAGE, NCCL_SUCCESS, NCCL_UNHANDLED_CUDA_ERROR, nccl_reject,
+};
 use crate::state::{Fake, call as cuda_call, current_device, global, lock};
 
 const COMM_BASE: u64 = 0xCC00_0000;
@@ -42,7 +44,7 @@ fn clique_of(id: &UniqueId) -> Option<u64> {
     Some(u64::from_le_bytes(n))
 }
 
-fn new_comm(fake: &mut Fake, clique: u64, rank: usize, device: usize) -> u64 {
+fn new_comm(fake: &mut Fake, clique: u64, rank: usize, device: usize, buffers: Option<u64>) -> u64 {
     let handle = COMM_BASE + fake.nccl.next();
     fake.nccl.comms.insert(
         handle,
@@ -55,6 +57,7 @@ fn new_comm(fake: &mut Fake, clique: u64, rank: usize, device: usize) -> u64 {
             collectives: 0,
             sends: HashMap::new(),
             recvs: HashMap::new(),
+            buffers,
         },
     );
     handle
@@ -116,7 +119,7 @@ pub unsafe extern "C" fn ncclCommInitRank(
                 format!("rank {rank} of {nranks} joins a clique of {n} (rank taken: {taken})"),
             );
         }
-        let handle = new_comm(fake, clique, rank as usize, device);
+        let handle = new_comm(fake, clique, rank as usize, device, None);
         fake.nccl.cliques.get_mut(&clique).expect("inserted").comms[rank as usize] = Some(handle);
         (clique, handle)
     };
@@ -164,6 +167,7 @@ pub unsafe extern "C" fn ncclCommInitAll(
         }
         let clique = fake.nccl.next();
         let mut handles = Vec::new();
+        let mut devices = Vec::new();
         for rank in 0..ndev as usize {
             let device = if devlist.is_null() {
                 rank as c_int
@@ -178,7 +182,20 @@ pub unsafe extern "C" fn ncclCommInitAll(
                     format!("no device {device}"),
                 );
             }
-            handles.push(new_comm(fake, clique, rank, device as usize));
+            devices.push(device as usize);
+        }
+        // NCCL's own buffers, from the devices' memory beside the caller's allocator: without
+        // room on one device no communicator is made.
+        let bytes = fake.config.nccl_comm_bytes;
+        for &device in &devices {
+            let needed = bytes * devices.iter().filter(|&&d| d == device).count() as u64;
+            if bytes > 0 && fake.memory.used(device) + needed > fake.config.memory[device] {
+                return NCCL_UNHANDLED_CUDA_ERROR;
+            }
+        }
+        for (rank, &device) in devices.iter().enumerate() {
+            let buffers = (bytes > 0).then(|| fake.memory.alloc(device, bytes));
+            handles.push(new_comm(fake, clique, rank, device, buffers));
         }
         fake.nccl.cliques.insert(
             clique,
@@ -233,6 +250,9 @@ fn comm_end(name: &'static str, comm: *mut c_void, abort: bool) -> u32 {
         let c = fake.nccl.comms.get_mut(&handle).expect("checked");
         c.alive = false;
         c.aborted = abort;
+        if let Some(base) = c.buffers.take() {
+            fake.memory.free(base);
+        }
         NCCL_SUCCESS
     })
 }

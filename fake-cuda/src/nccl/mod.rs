@@ -21,6 +21,7 @@
 use crate::state::Fake;
 
 pub const NCCL_SUCCESS: u32 = 0;
+pub const NCCL_UNHANDLED_CUDA_ERROR: u32 = 1;
 pub const NCCL_INVALID_ARGUMENT: u32 = 4;
 pub const NCCL_INVALID_USAGE: u32 = 5;
 

@@ -19,6 +19,8 @@ pub struct Comm {
     pub collectives: u64,
     pub sends: HashMap<usize, u64>,
     pub recvs: HashMap<usize, u64>,
+    /// The device memory it took for its buffers (`FAKE_NCCL_COMM_BYTES`), if any.
+    pub buffers: Option<u64>,
 }
 
 #[derive(Debug)]
