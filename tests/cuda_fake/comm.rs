@@ -11,9 +11,9 @@
 //! round. The fake's contract log must stay empty (peer access, cross-context use, frees of memory in use).
 
 use burn::backend::cuda::CudaDevice;
-use burn_caching_alloc::alloc::{AllocatorConfig, CachingAllocator};
-use burn_caching_alloc::cuda::{CachingCudaRuntime, CudaDriver, CudaMemory};
-use burn_caching_alloc::device::DeviceStream;
+use burn_caching_alloc::alloc::{Allocation, AllocatorConfig, CachingAllocator};
+use burn_caching_alloc::cuda::{CachingCudaRuntime, CudaDriver, CudaMemory, CudaStream};
+use burn_caching_alloc::device::{DeviceMemory, DeviceStream};
 use burn_caching_alloc::runtime::{
     Collective, Communication, DeviceReduce, Driver as _, Resource, set_communication,
 };
@@ -22,7 +22,7 @@ use cubecl_common::device::{Device, DeviceId};
 use cubecl_ir::{ElemType, FloatKind, UIntKind};
 use cubecl_runtime::client::ComputeClient;
 use cubecl_runtime::runtime::Runtime;
-use cubecl_runtime::server::{CopyDescriptor, Handle, ReduceOperation};
+use cubecl_runtime::server::{CopyDescriptor, Handle, ReduceOperation, ServerError};
 
 use crate::MIB;
 use crate::child::in_child;
@@ -416,40 +416,18 @@ fn a_driver_dropped_while_its_all_reduce_waits_for_a_peer_aborts_and_ends_the_gr
     ) else {
         return;
     };
-    let group = [0, 1].map(|index_id| DeviceId {
-        type_id: 0,
-        index_id,
-    });
-    let path = Ok(Communication::Nccl);
+    let group = fake_pair(0, 1);
     // Member `rank`'s driver, its engine, and its part of an all-reduce of 8 bytes issued.
     let member = |rank: usize| {
         let mut driver = CudaDriver::open(group[rank]).expect("driver");
         let alloc =
             CachingAllocator::new(driver.memory(), AllocatorConfig::default()).expect("allocator");
         let block = alloc.malloc(8, DeviceStream(0)).expect("8 bytes");
-        let resource = Resource::<CudaDriver> {
-            segment: *block.segment(),
-            offset: block.offset(),
-            size: 8,
-        };
         let mut stream = driver.create_stream(DeviceStream(0));
         // SAFETY: a live block of 8 bytes, kept allocated until the collective has ended (the
         // caller drops the driver, which ends it, before the block).
-        let issued = unsafe {
-            driver.all_reduce(
-                &mut stream,
-                Collective {
-                    src: &resource,
-                    dst: &resource,
-                    len: 8,
-                    dtype: ElemType::Float(FloatKind::F32),
-                    op: &ReduceOperation::Sum,
-                    group: &group,
-                    rank,
-                    path: &path,
-                },
-            )
-        };
+        let issued =
+            unsafe { issue_sum(&mut driver, &mut stream, &eight_bytes(&block), &group, rank) };
         (driver, stream, alloc, block, issued)
     };
 
@@ -492,11 +470,7 @@ fn making_a_groups_communicators_empties_the_members_caches_when_nccl_finds_no_r
     ) else {
         return;
     };
-    let group = [2, 3].map(|index_id| DeviceId {
-        type_id: 0,
-        index_id,
-    });
-    let path = Ok(Communication::Nccl);
+    let group = fake_pair(2, 3);
     let mut drivers = group.map(|id| CudaDriver::open(id).expect("driver"));
     let engines = drivers.each_mut().map(|driver| {
         std::sync::Arc::new(
@@ -515,11 +489,7 @@ fn making_a_groups_communicators_empties_the_members_caches_when_nccl_finds_no_r
     let blocks = engines
         .each_ref()
         .map(|engine| engine.malloc(8, DeviceStream(0)).expect("8 bytes"));
-    let resources = blocks.each_ref().map(|block| Resource::<CudaDriver> {
-        segment: *block.segment(),
-        offset: block.offset(),
-        size: 8,
-    });
+    let resources = blocks.each_ref().map(eight_bytes);
     let mut streams = drivers
         .each_mut()
         .map(|driver| driver.create_stream(DeviceStream(0)));
@@ -531,18 +501,12 @@ fn making_a_groups_communicators_empties_the_members_caches_when_nccl_finds_no_r
             drivers[rank]
                 .write(&mut streams[rank], &resources[rank], &inputs[rank])
                 .expect("write");
-            drivers[rank].all_reduce(
+            issue_sum(
+                &mut drivers[rank],
                 &mut streams[rank],
-                Collective {
-                    src: &resources[rank],
-                    dst: &resources[rank],
-                    len: 8,
-                    dtype: ElemType::Float(FloatKind::F32),
-                    op: &ReduceOperation::Sum,
-                    group: &group,
-                    rank,
-                    path: &path,
-                },
+                &resources[rank],
+                &group,
+                rank,
             )
         };
         assert!(matches!(issued, Ok(DeviceReduce::Issued)), "{issued:?}");
@@ -570,4 +534,51 @@ fn making_a_groups_communicators_empties_the_members_caches_when_nccl_finds_no_r
         engine.free(block).expect("free");
     }
     fake.assert_no_violations();
+}
+
+/// Fake devices `a` and `b`, a group of two.
+fn fake_pair(a: u16, b: u16) -> [DeviceId; 2] {
+    [a, b].map(|index_id| DeviceId {
+        type_id: 0,
+        index_id,
+    })
+}
+
+/// Where the driver finds `block`'s first 8 bytes (two f32).
+fn eight_bytes(block: &Allocation<<CudaMemory as DeviceMemory>::Handle>) -> Resource<CudaDriver> {
+    Resource::<CudaDriver> {
+        segment: *block.segment(),
+        offset: block.offset(),
+        size: 8,
+    }
+}
+
+/// Issues rank `rank`'s part of an NCCL sum of the two f32 in `resource`, in place, over
+/// `group`, on `stream`.
+///
+/// # Safety
+/// `resource` is a live block of at least 8 bytes, allocated until the collective has ended.
+unsafe fn issue_sum(
+    driver: &mut CudaDriver,
+    stream: &mut CudaStream,
+    resource: &Resource<CudaDriver>,
+    group: &[DeviceId],
+    rank: usize,
+) -> Result<DeviceReduce, ServerError> {
+    // SAFETY: the caller's.
+    unsafe {
+        driver.all_reduce(
+            stream,
+            Collective {
+                src: resource,
+                dst: resource,
+                len: 8,
+                dtype: ElemType::Float(FloatKind::F32),
+                op: &ReduceOperation::Sum,
+                group,
+                rank,
+                path: &Ok(Communication::Nccl),
+            },
+        )
+    }
 }
