@@ -8,7 +8,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::block::BlockId;
 use super::config::{AllocatorConfig, ConfigError, validate_memory_fraction};
-use super::engine::{Engine, MissPath};
+use super::engine::{CachedAbove, Engine, MissPath};
 use super::error::{AllocError, InvariantViolation};
 use super::history::{HistoryOptions, PhaseStage, Snapshot, StackContext, Trace};
 use super::inspect::{self, InspectError, ViewerLayer};
@@ -44,6 +44,11 @@ impl<H> Allocation<H> {
     /// Unique within its allocator, never reused.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The engine's block it was handed out as.
+    pub(crate) fn block(&self) -> BlockId {
+        self.block
     }
 
     /// The device address of the block.
@@ -473,7 +478,21 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// # Errors
     /// [`AllocError::Poisoned`] when an earlier operation panicked inside the allocator.
     pub fn move_scope(&self, from: &str, to: Option<Tag>) -> Result<u64, AllocError> {
-        Ok(self.change("move_scope")?.move_scope(from, to))
+        self.move_scope_with(from, to, &CachedAbove::default())
+    }
+
+    /// [`move_scope`](Self::move_scope) that leaves the allocations of `cached` in `from`: no
+    /// tensor holds them (a layer above caches them), so they do not change meaning.
+    ///
+    /// # Errors
+    /// [`AllocError::Poisoned`] when an earlier operation panicked inside the allocator.
+    pub fn move_scope_with(
+        &self,
+        from: &str,
+        to: Option<Tag>,
+        cached: &CachedAbove,
+    ) -> Result<u64, AllocError> {
+        Ok(self.change("move_scope")?.move_scope(from, to, cached))
     }
 
     /// Notes that `allocation` is used on `stream` as well as its own.
@@ -503,6 +522,16 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         stats
     }
 
+    /// The statistics with the allocations of `cached` counted as cache of a layer above the
+    /// engine, not as live (see [`CachedAbove`]): what a reading reports without handing that
+    /// cache back, which would change where later requests go.
+    pub fn stats_with(&self, cached: &CachedAbove) -> MemoryStats {
+        let engine = self.engine.lock();
+        let mut stats = engine.stats_with(cached);
+        stats.free_space = engine.free_space();
+        stats
+    }
+
     /// Bytes the engine holds in device segments now (`stats().memory_reserved()`, without
     /// copying the statistics).
     pub fn memory_reserved(&self) -> u64 {
@@ -522,6 +551,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// Every segment and block now, like `torch.cuda.memory_snapshot()`.
     pub fn snapshot(&self) -> Snapshot {
         self.engine.lock().snapshot()
+    }
+
+    /// [`snapshot`](Self::snapshot) with the allocations of `cached` shown as inactive blocks
+    /// and the statistics of [`stats_with`](Self::stats_with).
+    pub fn snapshot_with(&self, cached: &CachedAbove) -> Snapshot {
+        self.engine.lock().snapshot_with(cached)
     }
 
     /// Checks the engine's internal structures against each other: free lists against blocks
@@ -604,8 +639,17 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// format of `torch.cuda.memory._dump_snapshot` (PyTorch's `_memory_viz.py` and
     /// <https://pytorch.org/memory_viz> open it). Stacks are resolved now, outside the lock.
     pub fn dump_snapshot(&self, path: impl AsRef<Path>) -> Result<(), InspectError> {
+        self.dump_snapshot_with(path, &CachedAbove::default())
+    }
+
+    /// [`dump_snapshot`](Self::dump_snapshot) of [`snapshot_with`](Self::snapshot_with).
+    pub fn dump_snapshot_with(
+        &self,
+        path: impl AsRef<Path>,
+        cached: &CachedAbove,
+    ) -> Result<(), InspectError> {
         let device = self.device_index.load(Ordering::Relaxed);
-        inspect::write_torch_snapshot(&self.snapshot(), device, path.as_ref())
+        inspect::write_torch_snapshot(&self.snapshot_with(cached), device, path.as_ref())
     }
 
     /// Sets the device ordinal snapshots name (0 until set; the runtimes set their device's).
@@ -616,17 +660,20 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// Writes the offline viewer of the current snapshot to `path`: one self-contained HTML
     /// file (timeline, segment map, stacks, summary).
     pub fn dump_html(&self, path: impl AsRef<Path>) -> Result<(), InspectError> {
-        self.dump_html_with_layers(path, &[])
+        self.dump_html_with_layers(path, &[], &CachedAbove::default())
     }
 
-    /// [`dump_html`](Self::dump_html) with caches above the engine shown beside its numbers.
+    /// [`dump_html`](Self::dump_html) with caches above the engine shown beside its numbers,
+    /// the allocations of `cached` shown as inactive blocks (see
+    /// [`snapshot_with`](Self::snapshot_with)).
     pub fn dump_html_with_layers(
         &self,
         path: impl AsRef<Path>,
         layers: &[ViewerLayer],
+        cached: &CachedAbove,
     ) -> Result<(), InspectError> {
         inspect::write_viewer_html(
-            &self.snapshot(),
+            &self.snapshot_with(cached),
             "burn-caching-alloc memory",
             layers,
             path.as_ref(),

@@ -51,7 +51,7 @@ pub use config::{
     AllocatorConfig, CONFIG_ENV, ConfigError, MAX_HISTORY_CAPACITY, PYTORCH_CONFIG,
     PinnedHostConfig, RoundupDivisions,
 };
-pub use engine::MissPath;
+pub use engine::{CachedAbove, MissPath};
 pub use error::{AllocError, InvariantViolation, OomAdvice, OomDiagnosis};
 pub use history::inspect;
 pub use history::{

@@ -48,8 +48,8 @@ pub struct MemoryPoint {
     pub allocated: u64,
     /// Bytes of device segments.
     pub reserved: u64,
-    /// Bytes reserved and free in the layer above the engine (CubeCL's free slices through
-    /// Burn; 0 on the engine alone). The engine counts them as allocated.
+    /// Bytes of the blocks free in the layer above the engine (CubeCL's free slices through
+    /// Burn; 0 on the engine alone): live to the engine, cache to the program.
     pub cached_above: u64,
     snapshot: Snapshot,
 }
@@ -61,9 +61,9 @@ impl MemoryPoint {
         Self::with_layer_above(snapshot, allocated, 0)
     }
 
-    /// A reading of the engine under a layer that caches (CubeCL's): `allocated` bytes are
-    /// live tensors and `cached_above` bytes are free in that layer (both counted as allocated
-    /// by the engine).
+    /// A reading of the engine under a layer that caches (CubeCL's): `snapshot` is read with
+    /// that layer's blocks as cache ([`CachingAllocator::snapshot_with`](crate::alloc::CachingAllocator::snapshot_with)), `allocated` bytes are live tensors and `cached_above`
+    /// bytes are the blocks free in that layer (live to the engine).
     pub fn with_layer_above(snapshot: Snapshot, allocated: u64, cached_above: u64) -> Self {
         Self {
             allocated,
@@ -78,10 +78,11 @@ impl MemoryPoint {
         &self.snapshot
     }
 
-    /// Bytes free in the engine's segments.
+    /// Bytes free in the engine's segments (neither live nor cached above).
     pub fn cached_in_engine(&self) -> u64 {
         self.reserved
             .saturating_sub(self.snapshot.stats.memory_allocated())
+            .saturating_sub(self.cached_above)
     }
 
     fn live_ids(&self) -> HashSet<u64> {

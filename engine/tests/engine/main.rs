@@ -8,6 +8,7 @@ mod common;
 
 mod bad_input;
 mod borrowing;
+mod cached_above;
 mod config;
 mod cross_stream;
 mod drop;

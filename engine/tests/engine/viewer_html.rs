@@ -86,7 +86,7 @@ fn the_viewer_renders_in_chromium_and_shows_the_stats() {
         bytes: 3 * MIB,
     };
     alloc
-        .dump_html_with_layers(&page, &[layer])
+        .dump_html_with_layers(&page, &[layer], &Default::default())
         .expect("written");
     let html = std::fs::read_to_string(&page).expect("read back");
     // Nothing to fetch: no external script, style, image or module (the SVG namespace URI is

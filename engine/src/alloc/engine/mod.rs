@@ -32,6 +32,7 @@
 //! with `TooLarge`, counted as an out-of-memory as PyTorch counts it.
 
 mod borrowing;
+mod cached_above;
 mod events;
 mod expandable;
 mod placement;
@@ -56,6 +57,7 @@ use crate::alloc::size::{
 };
 use crate::alloc::stack::Stack;
 use crate::alloc::units::MIB;
+pub use cached_above::CachedAbove;
 use events::PendingFree;
 use sharing::StreamTable;
 

@@ -104,20 +104,31 @@ impl<D: DeviceMemory> Engine<D> {
 
 /// One run of blocks of `segment` as a snapshot segment.
 fn segment_snapshot<H>(segment: &Segment<H>, blocks: Vec<BlockSnapshot>) -> SegmentSnapshot {
-    let sum = |f: &dyn Fn(&BlockSnapshot) -> bool| -> u64 {
-        blocks.iter().filter(|b| f(b)).map(|b| b.size).sum()
-    };
-    SegmentSnapshot {
+    let mut snapshot = SegmentSnapshot {
         address: blocks[0].address,
-        total_size: sum(&|_| true),
-        allocated_size: sum(&|b| b.state == BlockState::ActiveAllocated),
-        active_size: sum(&|b| b.state != BlockState::Inactive),
-        requested_size: blocks.iter().map(|b| b.requested_size).sum(),
+        total_size: 0,
+        allocated_size: 0,
+        active_size: 0,
+        requested_size: 0,
         stream: segment.stream.0,
         pool: segment.pool,
         is_expandable: segment.expandable,
         mem_pool: segment.mem_pool.map(|id| id.get()),
         blocks,
         stack: None,
-    }
+    };
+    sum_blocks(&mut snapshot);
+    snapshot
+}
+
+/// Sets a snapshot segment's sizes from its blocks (all, allocated, active, requested).
+pub(super) fn sum_blocks(segment: &mut SegmentSnapshot) {
+    let blocks = &segment.blocks;
+    let sum = |f: &dyn Fn(&BlockSnapshot) -> bool| -> u64 {
+        blocks.iter().filter(|b| f(b)).map(|b| b.size).sum()
+    };
+    segment.total_size = sum(&|_| true);
+    segment.allocated_size = sum(&|b| b.state == BlockState::ActiveAllocated);
+    segment.active_size = sum(&|b| b.state != BlockState::Inactive);
+    segment.requested_size = blocks.iter().map(|b| b.requested_size).sum();
 }

@@ -6,7 +6,7 @@
 //! (CubeCL's exact-size reuse in the runtime) moves the block to the new request's tag with
 //! [`Engine::retag`].
 
-use super::Engine;
+use super::{CachedAbove, Engine};
 use crate::alloc::block::BlockId;
 use crate::alloc::error::AllocError;
 use crate::alloc::history::PhaseStage;
@@ -63,13 +63,18 @@ impl<D: DeviceMemory> Engine<D> {
         Ok(())
     }
 
-    /// Moves every live allocation of scope `from` to `to` (`None`: no scope); returns the
-    /// bytes moved.
-    pub fn move_scope(&mut self, from: &str, to: Option<Tag>) -> u64 {
+    /// Moves every live allocation of scope `from` to `to` (`None`: no scope), but those a
+    /// layer above caches (`cached`: no tensor holds them, they keep their scope until reused);
+    /// returns the bytes moved.
+    pub fn move_scope(&mut self, from: &str, to: Option<Tag>, cached: &CachedAbove) -> u64 {
+        let cached: std::collections::HashSet<BlockId> =
+            self.live_cached(cached).into_iter().collect();
         let moving: Vec<BlockId> = self
             .blocks
             .iter()
-            .filter(|(_, b)| b.tag.as_ref().is_some_and(|t| t.name() == from))
+            .filter(|(id, b)| {
+                b.tag.as_ref().is_some_and(|t| t.name() == from) && !cached.contains(id)
+            })
             .map(|(id, _)| id)
             .collect();
         let saved = std::mem::replace(&mut self.request_tag, to);
