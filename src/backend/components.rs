@@ -238,14 +238,15 @@ impl<Dev: CachingDevice> core::fmt::Debug for OptimizerStep<Dev> {
 impl<Dev: CachingDevice> Drop for OptimizerStep<Dev> {
     fn drop(&mut self) {
         // The scope ends (the step's queued operations execute inside it), then the server runs
-        // them and the freed gradients leave the engine before what is left of them moves.
+        // them; the gradients freed by then (CubeCL caches their slices) keep their scope, and
+        // what is left of them moves.
         self.scope.take();
         let settled = settled(&self.device);
-        if let Err(err) = settled
-            .entry
-            .allocator
-            .move_scope(GRADIENT, Some(Tag::new(OPTIMIZER_STATE)))
-        {
+        if let Err(err) = settled.entry.allocator.move_scope_with(
+            GRADIENT,
+            Some(Tag::new(OPTIMIZER_STATE)),
+            &settled.cached,
+        ) {
             log::warn!("caching allocator: the gradients left by a step were not moved: {err}");
         }
     }

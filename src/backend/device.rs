@@ -10,16 +10,17 @@
 //!    only, never on the float, int and bool types the user chose;
 //! 2. makes a blocking round trip through the device's server, so everything submitted before
 //!    (by this thread) has run on the server;
-//! 3. for the reading calls, has the server hand CubeCL's free slices back to the engine
-//!    ([`CachingServer::hand_back_free_slices`]): the engine's allocated blocks are then exactly
-//!    the live tensors' slices. See "What allocated means" in the module docs of
-//!    [`crate::backend`].
+//! 3. for the reading calls, has the server name the engine blocks CubeCL holds in free slices
+//!    ([`CachingServer::free_slices`]) without handing them back: the readings count them as
+//!    cache ([`CachedAbove`]), so "allocated" is the live tensors' blocks while every later
+//!    decision stays the one a run that never reads makes. See "What allocated means" in the
+//!    module docs of [`crate::backend`].
 
 use cubecl_common::device::Device;
 use cubecl_common::device_handle::DeviceHandle;
 use cubecl_runtime::runtime::Runtime;
 
-use crate::alloc::{AllocatorConfig, ConfigError};
+use crate::alloc::{AllocatorConfig, CachedAbove, ConfigError};
 use crate::device::DeviceMemory;
 use crate::runtime::open;
 use crate::runtime::registry::{self, DeviceEntry};
@@ -135,22 +136,41 @@ pub(crate) fn opened<Dev: CachingDevice>(device: &Dev) -> DeviceEntry<Dev::Memor
     entry(device)
 }
 
-/// A device's entry with current numbers, and CubeCL's layer as it was before the server
-/// handed its free slices back.
+/// As [`opened`], then has the server hand CubeCL's free slices back to the engine
+/// ([`CachingServer::hand_back_free_slices`]), for the private pools' readings and actions,
+/// whose numbers the engine keeps per pool. A walk of every stream, outside the reclaim
+/// policy: later placement may differ from a run that does not call it.
+pub(crate) fn handed_back<Dev: CachingDevice>(device: &Dev) {
+    device.drain_fusion_queue();
+    if let Err(err) = server(device).submit_blocking(|server| {
+        server.hand_back_free_slices();
+    }) {
+        log::warn!("caching allocator: the server of {device:?} did not answer: {err:?}");
+    }
+}
+
+/// A device's entry with current numbers, CubeCL's layer, and the engine blocks CubeCL holds
+/// in free slices (to be read as cache, not allocated).
 pub(crate) struct Settled<M: DeviceMemory> {
     pub(crate) entry: DeviceEntry<M>,
     pub(crate) cubecl: CubeclLayerUsage,
+    pub(crate) cached: CachedAbove,
 }
 
-/// As [`opened`], then has the server hand CubeCL's free slices back to the engine, so that
-/// the engine's allocated blocks are the live tensors' (see the module docs).
+/// As [`opened`], then has the server name the engine blocks of CubeCL's free slices
+/// ([`CachingServer::free_slices`]), changing nothing: the readings count them as cache (see
+/// the module docs).
 pub(crate) fn settled<Dev: CachingDevice>(device: &Dev) -> Settled<Dev::Memory> {
     device.drain_fusion_queue();
-    let handed = server(device).submit_blocking(|server| server.hand_back_free_slices());
+    let found = server(device).submit_blocking(|server| server.free_slices());
     let entry = entry(device);
-    let cubecl = handed.unwrap_or_else(|err| {
+    let (cubecl, cached) = found.unwrap_or_else(|err| {
         log::warn!("caching allocator: the server of {device:?} did not answer: {err:?}");
-        *entry.cubecl.lock()
+        (*entry.cubecl.lock(), CachedAbove::default())
     });
-    Settled { entry, cubecl }
+    Settled {
+        entry,
+        cubecl,
+        cached,
+    }
 }

@@ -113,19 +113,21 @@
 //!
 //! As in PyTorch, `memory_allocated()`, `allocated_bytes.*`, `active_bytes.*`,
 //! `requested_bytes.*`, the summary's first rows, snapshots and the viewer describe what live
-//! tensors hold. CubeCL 0.10 tells which of its slices are free only to its own reclaim walk
-//! (and in aggregate through `memory_usage`); so every reading call (`memory_stats`,
-//! `memory_summary`, `memory_snapshot`, `dump_*`, `write_trace*`, `reset_peak_memory_stats`)
-//! first has the server hand CubeCL's free slices back to the engine. The engine's blocks are
-//! then exactly the live tensors' slices (and the server's own metadata scratch is dropped,
-//! to be reserved again by the next launch that needs it), and every current number of the
-//! engine is exact, per pool too. The handed-back slices stay reserved: they are free engine
-//! blocks ("cached in the engine"), and what CubeCL had cached is reported beside it
-//! ("cached in CubeCL", [`CachingMemoryStats::cached_in_cubecl`]). Nothing goes back to the
-//! device and no device allocation follows from it; CubeCL's exact-size reuse refills from the
-//! engine's cache. Peaks are the engine's and may include, between two reading calls, slices
-//! CubeCL had cached: an upper bound of the live tensors' peak (exact under
-//! `BURN_CACHING_ALLOC_TRACE`, which hands slices back before every reservation).
+//! tensors hold. To the engine, a slice CubeCL keeps free for the next tensor of its size is
+//! still a live block; handing those back before a reading would make the reading part of the
+//! program (the engine would then place later requests in them, and a run that reads after
+//! every step would allocate differently from one that never reads). So every reading call
+//! (`memory_stats`, `memory_summary`, `memory_snapshot`, `memory_point`, `dump_*`) has the
+//! server *name* the blocks of CubeCL's free slices, found with CubeCL's own exact-size lookup
+//! and left where they are, and reads them as cache: the current values of the live-allocation
+//! statistics (per pool too) and the scopes leave them out, the snapshot shows them as
+//! inactive blocks, and they are reported as "cached in CubeCL"
+//! ([`CachingMemoryStats::cached_in_cubecl`]). Nothing moves: every later decision, the
+//! cumulative amounts and the counters are those of a run that never read. Peaks are the
+//! engine's and may include slices CubeCL had cached: an upper bound of the live tensors'
+//! peak (exact under `BURN_CACHING_ALLOC_TRACE`, which hands slices back before every
+//! reservation). Fragmentation (`inactive_split`, the free space) is the engine's own free
+//! blocks.
 
 mod components;
 mod configure;
@@ -247,7 +249,7 @@ fn stats_of<M: crate::device::DeviceMemory>(settled: Settled<M>) -> CachingMemor
         .device_memory_info()
         .unwrap_or(crate::device::MemoryInfo { free: 0, total: 0 });
     CachingMemoryStats {
-        engine: allocator.stats(),
+        engine: allocator.stats_with(&settled.cached),
         cubecl: settled.cubecl,
         device,
         host: settled.entry.host.as_ref().map(|host| host.stats()),
@@ -326,9 +328,9 @@ pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
     let (in_engine, in_cubecl) = (stats.cached_in_engine(), stats.cached_in_cubecl());
     format!(
         "{table}\nLive tensors: {live_bytes} B in {live_slices} slices ({allocated} B of blocks, \
-         the \"Allocated memory\" row). Reserved but not allocated: {in_engine} B cached in the \
-         engine's free blocks, of which {in_cubecl} B CubeCL had cached in free slices for \
-         exact-size reuse until this call handed them back.\nCubeCL layer: {hits} reservations \
+         the \"Allocated memory\" row). Reserved but not allocated: {in_cubecl} B that CubeCL \
+         keeps in free slices for exact-size reuse (inactive blocks in snapshots) and \
+         {in_engine} B in the engine's free blocks.\nCubeCL layer: {hits} reservations \
          served from its free slices, {reclaims} reclaims (+{placement} before placing a new \
          size, +{productive} after a productive walk, +{growth} on growth of reserved memory, \
          {skipped} skipped, {oom} after out-of-memory)\n",
@@ -377,7 +379,8 @@ fn pinned_summary(host: crate::runtime::PinnedHostStats) -> String {
 /// # }
 /// ```
 pub fn memory_snapshot<Dev: CachingDevice>(device: &Dev) -> Snapshot {
-    settled(device).entry.allocator.snapshot()
+    let settled = settled(device);
+    settled.entry.allocator.snapshot_with(&settled.cached)
 }
 
 /// Returns every cached byte of both layers to the device: free CubeCL slices go back to the
@@ -409,7 +412,7 @@ pub fn empty_cache<Dev: CachingDevice>(device: &Dev) {
 /// # }
 /// ```
 pub fn reset_peak_memory_stats<Dev: CachingDevice>(device: &Dev) {
-    let entry = settled(device).entry;
+    let entry = opened(device);
     entry.allocator.reset_peak_memory_stats();
     if let Some(host) = &entry.host {
         host.reset_peak_stats();
@@ -428,7 +431,7 @@ pub fn reset_peak_memory_stats<Dev: CachingDevice>(device: &Dev) {
 /// # }
 /// ```
 pub fn reset_accumulated_memory_stats<Dev: CachingDevice>(device: &Dev) {
-    let entry = settled(device).entry;
+    let entry = opened(device);
     entry.allocator.reset_accumulated_memory_stats();
     if let Some(host) = &entry.host {
         host.reset_accumulated_stats();
@@ -538,7 +541,7 @@ pub fn write_trace<Dev: CachingDevice>(device: &Dev) -> Result<PathBuf, TraceErr
 /// # }
 /// ```
 pub fn write_trace_to<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(), TraceError> {
-    Ok(settled(device).entry.allocator.trace().write_file(path)?)
+    Ok(opened(device).allocator.trace().write_file(path)?)
 }
 
 /// Starts recording `device`'s history with `options`, or stops with
@@ -551,9 +554,11 @@ pub fn write_trace_to<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(
 /// the stacks name burn-fusion's execution instead, never the model. Record on an unfused
 /// alias to find the model's line.
 ///
-/// Recording started after the device opened sees the engine's blocks: a tensor whose freed
-/// CubeCL slice is reused for one of exactly the same size makes no engine event (set
-/// `BURN_CACHING_ALLOC_TRACE` before the device opens to hand every freed slice back).
+/// Recording sees the engine's blocks and changes nothing the allocator decides: a tensor
+/// whose freed CubeCL slice is reused for one of exactly the same size makes no engine event.
+/// To see every tensor, set `BURN_CACHING_ALLOC_TRACE` before the device opens: every freed
+/// slice then goes back to the engine before the next reservation (a diagnostic mode, which
+/// places memory as the engine alone would).
 ///
 /// ```no_run
 /// # use burn_caching_alloc::backend::{self, CachingDevice};
@@ -568,10 +573,7 @@ pub fn write_trace_to<Dev: CachingDevice>(device: &Dev, path: &Path) -> Result<(
 /// # }
 /// ```
 pub fn record_memory_history<Dev: CachingDevice>(device: &Dev, options: HistoryOptions) {
-    settled(device)
-        .entry
-        .allocator
-        .record_memory_history(options);
+    opened(device).allocator.record_memory_history(options);
 }
 
 /// Writes `device`'s segments, blocks and history as a PyTorch-format pickle (PyTorch's
@@ -589,7 +591,11 @@ pub fn dump_snapshot<Dev: CachingDevice>(
     device: &Dev,
     path: impl AsRef<Path>,
 ) -> Result<(), InspectError> {
-    settled(device).entry.allocator.dump_snapshot(path)
+    let settled = settled(device);
+    settled
+        .entry
+        .allocator
+        .dump_snapshot_with(path, &settled.cached)
 }
 
 /// Writes the offline viewer of `device`'s memory to `path`: one self-contained HTML file
@@ -608,6 +614,7 @@ pub fn dump_html<Dev: CachingDevice>(
 ) -> Result<(), InspectError> {
     let settled = settled(device);
     let allocator = settled.entry.allocator.clone();
+    let cached = settled.cached.clone();
     let stats = stats_of(settled);
     let layers = [
         ViewerLayer {
@@ -615,13 +622,13 @@ pub fn dump_html<Dev: CachingDevice>(
             bytes: stats.tensor_bytes(),
         },
         ViewerLayer {
-            name: "CubeCL layer: cached in free slices (now free engine blocks: reserved, not \
+            name: "CubeCL layer: cached in free slices (inactive blocks here: reserved, not \
                    allocated)"
                 .into(),
             bytes: stats.cached_in_cubecl(),
         },
     ];
-    allocator.dump_html_with_layers(path, &layers)
+    allocator.dump_html_with_layers(path, &layers, &cached)
 }
 
 /// Runs `observer` with the error once every time one of `device`'s allocations fails for

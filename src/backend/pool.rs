@@ -22,7 +22,7 @@
 
 use std::sync::Arc;
 
-use super::device::{CachingDevice, opened, settled};
+use super::device::{CachingDevice, handed_back, opened};
 use crate::alloc::{
     AllocError, CachingAllocator, MemPoolId, MemPoolOptions, MemPoolStats, Snapshot,
 };
@@ -95,19 +95,21 @@ impl<Dev: CachingDevice> MemPool<Dev> {
         &self.device
     }
 
-    /// What the pool holds now, after CubeCL's free slices went back to the allocator (as for
-    /// `backend::memory_stats`): its segments, reserved and allocated bytes, free blocks.
+    /// What the pool holds now, after CubeCL's free slices went back to the allocator (a walk
+    /// of every stream: unlike `backend::memory_stats`, this reading may change where later
+    /// requests go): its segments, reserved and allocated bytes, free blocks.
     pub fn memory_stats(&self) -> MemPoolStats {
-        settled(&self.device);
+        handed_back(&self.device);
         self.allocator
             .pool_stats(self.id)
             .expect("a MemPool's pool is live until the MemPool is dropped")
     }
 
-    /// The pool's segments and blocks only (PyTorch's `MemPool.snapshot`); statistics,
+    /// The pool's segments and blocks only (PyTorch's `MemPool.snapshot`), after CubeCL's free
+    /// slices went back to the allocator (as for [`MemPool::memory_stats`]); statistics,
     /// configuration and history are the device's.
     pub fn snapshot(&self) -> Snapshot {
-        settled(&self.device);
+        handed_back(&self.device);
         self.allocator
             .pool_snapshot(self.id)
             .expect("a MemPool's pool is live until the MemPool is dropped")
@@ -121,7 +123,7 @@ impl<Dev: CachingDevice> MemPool<Dev> {
     ///
     /// A device error returning a segment.
     pub fn empty_cache(&self) -> Result<u64, AllocError> {
-        settled(&self.device);
+        handed_back(&self.device);
         self.allocator.pool_empty_cache(self.id)
     }
 }

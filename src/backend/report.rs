@@ -33,12 +33,12 @@ use crate::alloc::{MemoryPoint, MemoryReport};
 /// # }
 /// ```
 ///
-/// One reading: CubeCL's free slices are handed back once, and the snapshot (segments and
-/// statistics taken under one lock of the engine) and CubeCL's layer come from that one
-/// hand-back, so the numbers belong together.
+/// One reading: the snapshot (segments and statistics taken under one lock of the engine) and
+/// CubeCL's layer come from one look at CubeCL's free slices, read as cache and left where they
+/// are, so the numbers belong together and the reading changes nothing.
 pub fn memory_point<Dev: CachingDevice>(device: &Dev) -> MemoryPoint {
     let settled = settled(device);
-    let snapshot = settled.entry.allocator.snapshot();
+    let snapshot = settled.entry.allocator.snapshot_with(&settled.cached);
     let allocated = snapshot.stats.memory_allocated();
     MemoryPoint::with_layer_above(snapshot, allocated, settled.cubecl.cached_bytes())
 }

@@ -10,9 +10,9 @@ use crate::runtime::{CubeclLayerUsage, PinnedHostStats};
 ///
 /// Two layers hold memory (see the guide, `docs/src/using.md`): CubeCL's persistent pool
 /// keeps freed slices for the next tensor of the same size, and the engine owns the device
-/// segments. Before these numbers are read, CubeCL's free slices are handed back to the
-/// engine, so the engine's statistics ([`Self::engine`]) are PyTorch's: "allocated" is what
-/// live tensors hold, and the slices CubeCL had cached are reserved, cached engine blocks.
+/// segments. The engine's statistics ([`Self::engine`]) are read with CubeCL's free slices
+/// counted as cache (they stay where they are, so reading changes nothing), so they are
+/// PyTorch's: "allocated" is what live tensors hold.
 ///
 /// ```no_run
 /// # use burn_caching_alloc::backend::{self, CachingDevice};
@@ -30,14 +30,14 @@ use crate::runtime::{CubeclLayerUsage, PinnedHostStats};
 #[derive(Clone, Debug)]
 pub struct CachingMemoryStats {
     /// PyTorch's full statistics (allocation, segment, active, ..., each current, peak,
-    /// allocated, freed, for all/small/large pools), as the engine keeps them, read after
-    /// CubeCL's free slices were handed back: `allocated_bytes.*.current` and
+    /// allocated, freed, for all/small/large pools), as the engine keeps them, with the blocks
+    /// of CubeCL's free slices read as cache: `allocated_bytes.*.current` and
     /// `active_bytes.*.current` are the live tensors' blocks, `requested_bytes.*.current` the
-    /// bytes they asked for. Peaks are the engine's: between two reads they may include slices
+    /// bytes they asked for; the accumulated amounts are what reached the engine. Peaks are the engine's: between two reads they may include slices
     /// CubeCL had cached (an upper bound of the live tensors' peak).
     pub engine: MemoryStats,
-    /// CubeCL's persistent pools, summed over streams, as they were when the call was made
-    /// (before the hand-back: [`CubeclLayerUsage::cached_bytes`] is what CubeCL had cached).
+    /// CubeCL's persistent pools, summed over streams, when the call was made
+    /// ([`CubeclLayerUsage::cached_bytes`]: what CubeCL caches in free slices).
     pub cubecl: CubeclLayerUsage,
     /// Free and total bytes as the device reports them.
     pub device: MemoryInfo,
@@ -73,31 +73,30 @@ impl CachingMemoryStats {
         self.engine.max_memory_reserved()
     }
 
-    /// Bytes the live tensors asked CubeCL for (CubeCL's `bytes_in_use`, before alignment and
-    /// the engine's 512-byte rounding).
+    /// Bytes of the live tensors' slices (each tensor's size padded to CubeCL's alignment,
+    /// before the engine's 512-byte rounding).
     pub fn tensor_bytes(&self) -> u64 {
         self.cubecl.tensor_bytes
     }
 
-    /// Bytes CubeCL held in free slices when the call was made (kept for the next tensor of
-    /// exactly the same size; counted as CubeCL counts them, before the engine's 512-byte
-    /// rounding). The call handed them to the engine: they are now part of
-    /// [`Self::cached_in_engine`], reserved and not allocated.
+    /// Bytes CubeCL holds in free slices (kept for the next tensor of exactly the same size),
+    /// in engine blocks: reserved, neither allocated nor free in the engine.
     pub fn cached_in_cubecl(&self) -> u64 {
         self.cubecl.cached_bytes()
     }
 
-    /// Reserved bytes no live tensor uses: free engine blocks, placed by PyTorch's rules for
-    /// any later request (`memory_reserved - memory_allocated`).
+    /// Bytes of free engine blocks, placed by PyTorch's rules for any later request:
+    /// `memory_reserved = memory_allocated + cached_in_cubecl + cached_in_engine`.
     pub fn cached_in_engine(&self) -> u64 {
         self.engine
             .memory_reserved()
             .saturating_sub(self.engine.memory_allocated())
+            .saturating_sub(self.cached_in_cubecl())
     }
 
     /// Every number by name: PyTorch's names (`allocated_bytes.all.current`, ...), then
     /// `scope.<name>.allocated_bytes.*` per memory scope, `component_bytes.*` when components
-    /// are tracked, `cubecl.*` (CubeCL's layer before the hand-back), `device.*`, the layer
+    /// are tracked, `cubecl.*` (CubeCL's layer), `device.*`, the layer
     /// totals, and on
     /// CUDA the pinned host pool's `host_*` keys ([`PinnedHostStats::insert_into`]).
     pub fn to_map(&self) -> BTreeMap<String, i64> {
@@ -119,6 +118,7 @@ impl CachingMemoryStats {
             ("cubecl.padding_bytes", c.padding_bytes),
             ("cubecl.slice_bytes", c.slice_bytes),
             ("cubecl.cached_bytes", c.cached_bytes()),
+            ("cubecl.free_slices", c.free_slices),
             ("cubecl.reserves", c.reclaim.reserves),
             ("cubecl.would_grow", c.reclaim.would_grow),
             ("cubecl.pool_hits", c.reclaim.pool_hits),

@@ -76,4 +76,4 @@ pub use server::{CachingServer, CallerStackPolicy, CubeclLayerUsage};
 pub use storage::{
     EngineResource, EngineStorage, Growth, PersistentManager, device_io_error, persistent_manager,
 };
-pub use stream_memory::{ReclaimCounters, ReclaimPolicy, ReserveError, StreamMemory};
+pub use stream_memory::{FreeSlices, ReclaimCounters, ReclaimPolicy, ReserveError, StreamMemory};

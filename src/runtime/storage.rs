@@ -176,6 +176,17 @@ impl<D: DeviceMemory> EngineStorage<D> {
         self.blocks.len()
     }
 
+    /// The engine block behind slice `id` (`None` for a slice with no block, or an unknown id).
+    pub fn block_of(&self, id: StorageId) -> Option<&Allocation<D::Handle>> {
+        self.blocks.get(&id).map(|held| &held.block)
+    }
+
+    /// The distinct sizes CubeCL asked for across the blocks held: the keys of CubeCL's
+    /// exact-size pool, under which its free slices can be found.
+    pub fn held_sizes(&self) -> std::collections::BTreeSet<u64> {
+        self.blocks.values().map(|held| held.size).collect()
+    }
+
     /// Counts the block of slice `id` under memory scope `tag` (`None`: no scope).
     pub fn retag(&self, id: StorageId, tag: Option<Tag>) {
         if let Some(held) = self.blocks.get(&id)

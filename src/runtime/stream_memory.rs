@@ -62,12 +62,35 @@
 //! are in the guide's benchmarks chapter (`docs/src/benchmarks.md`, "The stack against
 //! CubeCL's pool").
 //!
-//! While the engine records its history ([`ReclaimPolicy::EveryReserve`]), the stream reclaims
+//! While `BURN_CACHING_ALLOC_TRACE` records a trace ([`ReclaimPolicy::EveryReserve`]; recording
+//! through `record_memory_history` changes no policy), the stream reclaims
 //! before every reservation instead: CubeCL's exact-size reuse is bypassed, so every tensor's
 //! reservation is an engine `malloc` and its release an engine `free` (seen at the next
 //! reservation, which is the first moment an allocator could reuse it). The recorded trace is
 //! then the workload itself, a fair input for any allocator, and not just what missed CubeCL's
 //! pool. This costs one walk of the stream's slices per reservation: a diagnostic mode.
+//!
+//! **Readings.** A reading of the numbers (`memory_stats`, a snapshot, `memory_point`, ...)
+//! must not change what happens next, so it does not walk: a walk would hand the free slices
+//! to the engine, which would then place later requests in them where a run that never read
+//! would have had CubeCL reuse them. [`StreamMemory::free_slices`] finds the free slices
+//! instead with CubeCL's own exact-size lookup: for each size the stream's blocks were made
+//! for, it reserves from the pool alone ([`Growth::PoolOnly`]) until the pool has no free slice
+//! of it, holding what it got, then lets all of it go. The slices are as free as before, in
+//! the same order, and no counter, mark or budget of the policy moves; the reading counts
+//! their blocks as cache ([`CachedAbove`]). The only trace it leaves is in the free slices'
+//! recorded size, which CubeCL overwrites when it hands one out and which nothing decides by.
+//! Every free slice is found this way because every slice stays under the key it was made
+//! with (see "Padded sizes").
+//!
+//! **Padded sizes.** CubeCL files a slice under its size plus the padding of the first tensor
+//! it held, and records each later tensor's own size in it; a walk that finds it live files it
+//! again under that size plus the first padding. When the two tensors' sizes differ (both
+//! under the same padded size) that sum is no padded size: no request computes it, so the free
+//! slice can be neither reused nor found until a walk releases it. The stream therefore asks
+//! CubeCL for sizes already padded to its alignment: no slice has padding, every slice keeps
+//! its key, and the server resolves a binding to the bytes its handle asked for (the
+//! binding's own size), not to the padded slice.
 //!
 //! **Handles that were never bound.** A handle whose reservation failed is left unbound by
 //! CubeCL's memory management, with the location every new handle starts at: the first slice
@@ -91,7 +114,7 @@ use cubecl_runtime::server::IoError;
 use cubecl_runtime::storage::{StorageHandle, StorageId};
 
 use super::storage::{Growth, PersistentManager, persistent_manager};
-use crate::alloc::{AllocError, CachingAllocator, PoolKind};
+use crate::alloc::{AllocError, CachedAbove, CachingAllocator, PoolKind};
 use crate::device::{DeviceMemory, DeviceStream};
 
 /// Slice-visits of reclaim work each reservation pays for (see the module documentation
@@ -185,6 +208,19 @@ pub struct ReclaimCounters {
     pub idle_reclaims: u64,
     /// Slice-visits spent by all reclaims (the work the budget bounds).
     pub reclaim_work: u64,
+}
+
+/// What [`StreamMemory::free_slices`] found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FreeSlices {
+    /// Free slices named as cached.
+    pub listed: u64,
+    /// Their engine blocks' bytes.
+    pub bytes: u64,
+    /// Free slices the lookup did not reach (CubeCL's count of its free slices less those
+    /// named): 0, since every slice stays under its key (see "Padded sizes" in the module
+    /// documentation). Their blocks would read as allocated.
+    pub unlisted: u64,
 }
 
 /// A reservation that failed even after reclaiming.
@@ -477,7 +513,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
         growth: Growth,
     ) -> Result<ManagedMemoryHandle, Option<ReserveError>> {
         self.manager.storage().set_growth(growth);
-        let reserved = self.manager.reserve(size);
+        let reserved = self.reserve_padded(size);
         let reserved = self.outside_other_pools(size, reserved);
         self.manager.storage().set_growth(Growth::Allowed);
         let refused = self.manager.storage().take_refused();
@@ -514,7 +550,16 @@ impl<D: DeviceMemory> StreamMemory<D> {
         drop(handle);
         self.counters.reclaims += 1;
         self.reclaim();
-        self.manager.reserve(size)
+        self.reserve_padded(size)
+    }
+
+    /// Asks CubeCL's pool for `size` padded to its alignment, so that every slice carries no
+    /// padding of its own and stays under its key for life (see "Padded sizes" in the module
+    /// documentation); the server resolves each binding to the bytes its handle asked for.
+    /// Sizes that cannot be padded were refused before.
+    fn reserve_padded(&mut self, size: u64) -> Result<ManagedMemoryHandle, IoError> {
+        let padded = self.padded(size).unwrap_or(size);
+        self.manager.reserve(padded)
     }
 
     /// Whether this stream reserves `size` (padded to CubeCL's alignment, CubeCL's key) for
@@ -592,7 +637,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
     pub fn reserve_last_resort(&mut self, size: u64) -> Result<ManagedMemoryHandle, ReserveError> {
         self.refuse_unpaddable(size)?;
         self.manager.storage().set_growth(Growth::Allowed);
-        let reserved = self.manager.reserve(size);
+        let reserved = self.reserve_padded(size);
         self.outside_other_pools(size, reserved)
             .map_err(|io| ReserveError {
                 io,
@@ -620,6 +665,52 @@ impl<D: DeviceMemory> StreamMemory<D> {
     fn grew_past_mark(&mut self) -> bool {
         let reserved = self.manager.storage().allocator().memory_reserved();
         reserved >= self.reserved_mark + self.reserved_mark / GROWTH_STEP
+    }
+
+    /// Names the engine blocks of this stream's free CubeCL slices in `cached`, changing
+    /// nothing that decides anything: for a reading of the numbers (see "Readings" in the module
+    /// documentation). Returns how many free slices it named, their bytes, and how many free
+    /// slices it could not reach.
+    pub fn free_slices(&mut self, cached: &mut CachedAbove) -> FreeSlices {
+        let keys = self.manager.storage().held_sizes();
+        let mut taken = Vec::new();
+        self.manager.storage().set_growth(Growth::PoolOnly);
+        for key in keys {
+            // Each hit is the first free slice of the key; holding it makes the next call find
+            // the next one, until the pool has none and the storage refuses to allocate.
+            while let Ok(handle) = self.manager.reserve(key) {
+                taken.push(handle);
+            }
+        }
+        self.manager.storage().set_growth(Growth::Allowed);
+        self.manager.storage().take_refused();
+        let mut found = FreeSlices::default();
+        for handle in &taken {
+            let Ok(slice) = self.manager.get_storage(handle.clone().binding()) else {
+                continue;
+            };
+            if let Some(block) = self.manager.storage().block_of(slice.id) {
+                cached.insert(block);
+                found.listed += 1;
+                found.bytes += block.size();
+            }
+        }
+        drop(taken);
+        // Every slice but the guard has a block; the guard is always in use.
+        let slices = self.manager.storage().blocks() as u64 + 1;
+        let in_use = self.manager.memory_usage().number_allocs;
+        found.unlisted = slices.saturating_sub(in_use).saturating_sub(found.listed);
+        found
+    }
+
+    /// Names the engine block behind `handle` in `cached` (for a buffer the server holds for
+    /// itself, which a reading counts as cache, not as a tensor's).
+    pub fn name_cached(&mut self, handle: &ManagedMemoryHandle, cached: &mut CachedAbove) {
+        if let Ok(Some(slice)) = self.bound_slice(&handle.clone().binding())
+            && let Some(block) = self.manager.storage().block_of(slice.id)
+        {
+            cached.insert(block);
+        }
     }
 
     /// Hands every free CubeCL slice of this stream back to the engine outside the reclaim

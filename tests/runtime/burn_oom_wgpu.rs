@@ -49,8 +49,8 @@ fn out_of_memory_reaches_burn_with_the_allocators_numbers_and_the_server_recover
         "the freed tensor was real"
     );
 
-    // Before the failing request: the freed tensor's slice was cached in CubeCL (reading the
-    // stats hands it to the engine's cache), and the engine reserves both tensors' segments.
+    // Before the failing request: the freed tensor's slice is cached in CubeCL (reading the
+    // stats leaves it there), and the engine reserves both tensors' segments.
     let ready = backend::memory_stats(&device);
     assert!(
         ready.cached_in_cubecl() >= 24 * MIB,

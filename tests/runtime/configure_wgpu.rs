@@ -156,12 +156,15 @@ fn a_settings_change_on_an_open_device_changes_the_next_layout() {
         Some(32 * MIB)
     );
     assert!(!backend::allocator_settings(&cpu).pool_borrowing, "kept");
-    let after = Tensor::<CachingWgpuUnfused, 1>::ones([20 * FLOATS_PER_MIB], &cpu);
+    // 18 MiB, a size CubeCL's pool does not hold: the stream walks first (a new large size),
+    // the 40 MiB segment is whole and free again, and at or over 32 MiB it is an oversize
+    // block a smaller request may not split.
+    let after = Tensor::<CachingWgpuUnfused, 1>::ones([18 * FLOATS_PER_MIB], &cpu);
     let mut layout = large_segments(&cpu);
     layout.sort();
     assert_eq!(
         layout,
-        vec![(20 * MIB, 20 * MIB), (40 * MIB, 0)],
+        vec![(18 * MIB, 18 * MIB), (40 * MIB, 0)],
         "a segment of its own"
     );
     assert_eq!(max_split_size(&cpu), 32 * MIB as i64);

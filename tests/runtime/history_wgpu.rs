@@ -113,8 +113,10 @@ fn stacks_of_blocks_allocated_through_burn_name_the_models_forward() {
     {
         println!("  {name}");
     }
-    // Three steps, each at least the two linear layers' outputs and the activation.
-    assert!(in_forward.len() >= 9, "{}", in_forward.len());
+    // At least the first step's two linear layers' outputs and its activation: recording
+    // changes no placement, so later steps' tensors may reuse those slices in CubeCL's pool
+    // without an engine event (`BURN_CACHING_ALLOC_TRACE` would show every one).
+    assert!(in_forward.len() >= 3, "{}", in_forward.len());
     for frames in &in_forward {
         let names = names(frames);
         let has = |part: &str| names.iter().any(|n| n.contains(part));

@@ -1,12 +1,13 @@
 //! The runtime layer and the Burn backends, in one process:
 //!
 //! - `faults`: dropped stream memory and a poisoned engine at the runtime layer;
+//! - `readings_ab`: readings that change nothing, three streams on the simulated device;
 //! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
 //!   the simulated device (no GPU, no feature);
 //! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`, `components_wgpu`,
 //!   `configure_wgpu`, `expandable_wgpu`, `failed_requests_wgpu`, `history_wgpu`,
 //!   `launches_wgpu`, `mem_pool_wgpu`,
-//!   `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`,
+//!   `memory_report_wgpu`, `observe_twice_wgpu`, `oom_observers_wgpu`, `readings_ab_wgpu`,
 //!   `scopes_wgpu`, `soak_wgpu`,
 //!   `thread_rounds_wgpu`,
 //!   `trace_wgpu` (feature `wgpu`): Burn on
@@ -46,6 +47,7 @@ mod support;
 pub(crate) const MIB: u64 = 1 << 20;
 
 mod faults;
+mod readings_ab;
 mod storage;
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -89,6 +91,8 @@ mod multi_device_wgpu;
 mod observe_twice_wgpu;
 #[cfg(feature = "wgpu")]
 mod oom_observers_wgpu;
+#[cfg(feature = "wgpu")]
+mod readings_ab_wgpu;
 #[cfg(feature = "wgpu")]
 mod scopes_wgpu;
 #[cfg(feature = "wgpu")]

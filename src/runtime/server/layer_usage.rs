@@ -15,21 +15,27 @@ pub struct CubeclLayerUsage {
     pub slot_reuses: u64,
     /// Slices held by live tensors.
     pub live_slices: u64,
-    /// Bytes of live tensors (what CubeCL calls `bytes_in_use`).
+    /// Bytes of live tensors' slices (what CubeCL calls `bytes_in_use`: each tensor's size
+    /// padded to CubeCL's alignment, as the streams reserve them).
     pub tensor_bytes: u64,
-    /// Alignment padding of live slices.
+    /// Alignment padding CubeCL adds to live slices (0: the streams reserve padded sizes).
     pub padding_bytes: u64,
     /// Bytes of all slices, live or free (each one an engine block).
     pub slice_bytes: u64,
+    /// Free slices a reading found (their blocks read as cache, not allocated).
+    pub free_slices: u64,
+    /// Their engine blocks' bytes.
+    pub free_slice_bytes: u64,
     /// What the streams' reservations did (reclaims, their work, ...), summed.
     pub reclaim: ReclaimCounters,
 }
 
 impl CubeclLayerUsage {
-    /// Bytes in free slices: cached by CubeCL's exact-size reuse, allocated in the engine.
+    /// Bytes of the engine blocks of the free slices a reading found: cached by CubeCL's
+    /// exact-size reuse, live blocks to the engine, read as cache. 0 in a layer not taken by
+    /// a reading.
     pub fn cached_bytes(&self) -> u64 {
-        self.slice_bytes
-            .saturating_sub(self.tensor_bytes + self.padding_bytes)
+        self.free_slice_bytes
     }
 
     /// Adds one stream's pool usage and counters.

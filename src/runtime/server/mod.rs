@@ -79,8 +79,10 @@ use super::driver::{Driver, Launch, LaunchCount, MetadataLayout, Resource};
 use super::env::{oom_snapshot_path, sets_expandable_segments, startup_config};
 use super::error::DriverError;
 use super::registry::{self, DeviceEntry};
+use super::stream_memory::FreeSlices;
 use crate::alloc::{
-    AllocatorConfig, CachingAllocator, ConfigError, MemPoolId, ObserverThread, Stack, Tag,
+    AllocatorConfig, CachedAbove, CachingAllocator, ConfigError, MemPoolId, ObserverThread, Stack,
+    Tag,
 };
 use crate::device::DeviceMemory as _;
 use caller_stack::CallerStacks;
@@ -342,9 +344,16 @@ impl<D: Driver> CachingServer<D> {
         };
         let manager = slot.memory.manager();
         let key = SliceKey::of(&slice);
+        // The stream reserves sizes padded to CubeCL's alignment (`StreamMemory`, "Padded
+        // sizes"): the handle covers the bytes it asked for, its binding's size, not the
+        // padding after them.
+        let slice = slice.size();
+        let offset_end = match slice.checked_sub(size) {
+            Some(padding) if padding > 0 => Some(offset_end.unwrap_or(0).saturating_add(padding)),
+            _ => offset_end,
+        };
         // CubeCL's `StorageHandle::offset_start`/`offset_end` subtract unchecked: offsets past
         // the slice would wrap its size and resolve outside the block. Refused here.
-        let slice = slice.size();
         let inside = offset_start
             .unwrap_or(0)
             .checked_add(offset_end.unwrap_or(0))
@@ -443,6 +452,49 @@ impl<D: Driver> CachingServer<D> {
         }
         self.cubecl_layer();
         before
+    }
+
+    /// CubeCL's layer now, with the engine blocks of every stream's free slices named in the
+    /// returned [`CachedAbove`], for a reading: nothing is handed back, flushed or polled, so
+    /// every later decision is the one a run without the reading makes (see "Readings" in
+    /// `runtime/stream_memory.rs`).
+    pub fn free_slices(&mut self) -> (CubeclLayerUsage, CachedAbove) {
+        let mut cached = CachedAbove::default();
+        let mut found = FreeSlices::default();
+        // Staging blocks whose peer copy is done: the next reservation's poll releases them.
+        let driver = &mut self.driver;
+        let finished = self
+            .uses
+            .finished_peer_blocks(|event| matches!(driver.query_event(event), Ok(true)));
+        for block in finished {
+            if let Some(stream) = self.streams.existing(block.stream) {
+                stream.memory.name_cached(&block.memory, &mut cached);
+            }
+        }
+        for stream in self.streams.all_mut() {
+            // The launches' metadata scratch is the server's, no tensor's: cache too.
+            if let Some(scratch) = &stream.metadata {
+                stream
+                    .memory
+                    .name_cached(&scratch.handle.memory, &mut cached);
+            }
+            let more = stream.memory.free_slices(&mut cached);
+            found.listed += more.listed;
+            found.bytes += more.bytes;
+            found.unlisted += more.unlisted;
+        }
+        if found.unlisted > 0 {
+            log::warn!(
+                "caching allocator: {} free CubeCL slices could not be named; their blocks read \
+                 as allocated",
+                found.unlisted
+            );
+        }
+        let mut layer = self.cubecl_layer();
+        layer.free_slices = found.listed;
+        layer.free_slice_bytes = found.bytes;
+        *self.cubecl_usage.lock() = layer;
+        (layer, cached)
     }
 
     /// Sums CubeCL's view over all streams and refreshes the registry's copy.

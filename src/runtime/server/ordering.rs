@@ -295,6 +295,21 @@ impl<E> PendingUses<E> {
         self.peer_reads.push((state, block));
     }
 
+    /// The blocks held for peer copies that are done (`done` asks of an issued copy) or will
+    /// never be issued: the server's own staging blocks, which the next poll releases and a
+    /// reading counts as cache. Nothing is released here.
+    pub(super) fn finished_peer_blocks(&self, mut done: impl FnMut(&E) -> bool) -> Vec<Handle> {
+        self.peer_reads
+            .iter()
+            .filter(|(state, _)| match &*state.lock() {
+                PeerCopy::Pending => false,
+                PeerCopy::NotIssued => true,
+                PeerCopy::Issued(event) => done(event),
+            })
+            .map(|(_, block)| block.clone())
+            .collect()
+    }
+
     /// How many blocks other devices still copy from (or may).
     #[cfg(test)]
     pub(super) fn peer_reads(&self) -> usize {

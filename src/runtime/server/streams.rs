@@ -61,7 +61,7 @@ use super::super::driver::Driver;
 use super::super::stream_memory::{ReclaimPolicy, StreamMemory};
 use super::failed::FailedReservations;
 use super::ordering::SyncPoints;
-use crate::alloc::{CachingAllocator, RecordMode};
+use crate::alloc::CachingAllocator;
 use crate::device::DeviceStream;
 use crate::runtime::thread_exit::{self, ExitInbox};
 
@@ -122,12 +122,16 @@ impl<D: Driver> ServerStream<D> {
     }
 }
 
-/// The reclaim policy of a stream slot given out now: every tensor an engine event while the
-/// engine records a trace or caches nothing (see `get_slot`), else amortised.
-fn policy_for<M: crate::device::DeviceMemory>(allocator: &CachingAllocator<M>) -> ReclaimPolicy {
-    if allocator.history_options().enabled == RecordMode::All
-        || allocator.config().no_cuda_memory_caching
-    {
+/// The reclaim policy of a stream slot given out now: every tensor an engine event while
+/// `BURN_CACHING_ALLOC_TRACE` records a trace (`every_tensor`, read when the device opened) or
+/// the engine caches nothing (see `get_slot`), else amortised. Recording history with
+/// `record_memory_history` changes no policy: a program allocates the same whether or not it
+/// records.
+fn policy_for<M: crate::device::DeviceMemory>(
+    allocator: &CachingAllocator<M>,
+    every_tensor: bool,
+) -> ReclaimPolicy {
+    if every_tensor || allocator.config().no_cuda_memory_caching {
         ReclaimPolicy::EveryReserve
     } else {
         ReclaimPolicy::Amortised
@@ -165,6 +169,9 @@ pub(super) struct Streams<D: Driver> {
     exited_unseen: VecDeque<u64>,
     /// [`REUSE_AFTER`], or `u64::MAX` in tests of what happens without slot reuse.
     reuse_after: u64,
+    /// Whether `BURN_CACHING_ALLOC_TRACE` named a trace when the device opened: every stream
+    /// then shows the engine every tensor ([`ReclaimPolicy::EveryReserve`]).
+    every_tensor: bool,
 }
 
 impl<D: Driver> Streams<D> {
@@ -188,6 +195,7 @@ impl<D: Driver> Streams<D> {
             taken_over: None,
             exited_unseen: VecDeque::new(),
             reuse_after: REUSE_AFTER,
+            every_tensor: super::super::env::trace_path().is_some(),
         }
     }
 
@@ -330,9 +338,11 @@ impl<D: Driver> Streams<D> {
         if let Some(stream) = self.streams.get_mut(&slot) {
             stream.owner = Some(id.value);
             if idle.is_some() {
-                // As for a slot created now: a thread that starts while the engine records
-                // sees every tensor as an engine event.
-                stream.memory.set_policy(policy_for(&self.allocator));
+                // As for a slot created now: under `no_cuda_memory_caching` (which may have
+                // been set since) every tensor is an engine event.
+                stream
+                    .memory
+                    .set_policy(policy_for(&self.allocator, self.every_tensor));
             }
         }
         slot
@@ -432,14 +442,15 @@ impl<D: Driver> Streams<D> {
     pub(super) fn get_slot(&mut self, driver: &mut D, slot: usize) -> &mut ServerStream<D> {
         let allocator = &self.allocator;
         let properties = &self.memory_properties;
+        let every_tensor = self.every_tensor;
         self.streams.entry(slot).or_insert_with(|| {
-            // A stream created while the engine records a trace sees every tensor (see
-            // `ReclaimPolicy::EveryReserve`): the policy follows the recording, asked of the
-            // allocator (under its lock) only when the stream is created, never on a lookup,
-            // which every operation makes.
+            // Under `BURN_CACHING_ALLOC_TRACE` a stream sees every tensor (see
+            // `ReclaimPolicy::EveryReserve`), so that the trace is the workload. The policy is
+            // asked of the allocator (under its lock) only when the stream is created, never
+            // on a lookup, which every operation makes.
             // Without caching (`no_cuda_memory_caching`) CubeCL's exact-size reuse is bypassed
             // the same way, so that every tensor is an engine request of its own.
-            let policy = policy_for(allocator);
+            let policy = policy_for(allocator, every_tensor);
             let engine_stream = DeviceStream(slot as u64);
             ServerStream {
                 memory: StreamMemory::new(allocator.clone(), engine_stream, properties)
@@ -482,6 +493,17 @@ impl<D: Driver> Streams<D> {
             .iter_mut()
             .filter(move |(slot, _)| **slot != except)
             .map(|(_, stream)| stream)
+    }
+
+    /// The slot `id` maps onto, if it exists (nothing is made, given or marked).
+    pub(super) fn existing(&mut self, id: StreamId) -> Option<&mut ServerStream<D>> {
+        let slot = self.slot(id);
+        self.streams.get_mut(&slot)
+    }
+
+    /// Every stream, for a reading that must touch no slot (no slot is made, given or marked).
+    pub(super) fn all_mut(&mut self) -> impl Iterator<Item = &mut ServerStream<D>> {
+        self.streams.values_mut()
     }
 
     /// Every stream, for read-only sums.
