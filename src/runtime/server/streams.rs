@@ -478,6 +478,12 @@ impl<D: Driver> Streams<D> {
             .collect()
     }
 
+    /// Operations counted so far (what the idle looks are spaced by).
+    #[cfg(test)]
+    pub(super) fn operations(&self) -> u64 {
+        self.operations
+    }
+
     /// How many slots are in use.
     pub(super) fn len(&self) -> usize {
         self.streams.len()

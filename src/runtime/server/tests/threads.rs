@@ -316,3 +316,49 @@ fn a_new_threads_first_use_of_anothers_buffer_waits_on_the_slot_it_is_given() {
         "one wait, on the stream of the slot the work runs on"
     );
 }
+
+#[test]
+fn a_slot_no_operation_touched_for_a_whole_idle_period_gives_its_free_slices_back() {
+    use super::super::streams::IDLE_PERIOD;
+    let mut h = harness(MetadataLayout::DriverBinding, 8);
+    h.server.streams.never_reuse_slots();
+    // Thread 1 caches a freed 1 MiB tensor in its CubeCL pool and keeps a live one (so that
+    // the new slot of thread 2 does not take its slices back at once), then does nothing.
+    let live = h.buffer(4096, stream(1));
+    drop(h.buffer(1 << 20, stream(1)));
+    let idle_slot = h.server.streams.slot(stream(1));
+    let idle_reclaims = |h: &mut super::harness::Harness| {
+        h.server
+            .streams
+            .get_slot(&mut h.server.driver, idle_slot)
+            .memory
+            .counters()
+            .idle_reclaims
+    };
+    let allocated = |h: &super::harness::Harness| h.server.allocator().stats().memory_allocated();
+    assert_eq!(allocated(&h), (1 << 20) + 4096, "CubeCL keeps the slice");
+    // Thread 2 works. Every IDLE_PERIOD operations (the server counts each stream lookup of a
+    // call) the server looks for slots untouched since its previous look: the first look
+    // finds slot 1 touched after the look before (at operation 0), the second finds it idle a
+    // whole period.
+    let last_touch = h.server.streams.operations();
+    let mut handed_back_at = None;
+    let kept = h.buffer(4096, stream(2));
+    while h.server.streams.operations() < last_touch + 3 * IDLE_PERIOD {
+        drop(h.buffer(4096, stream(2)));
+        if handed_back_at.is_none() && idle_reclaims(&mut h) == 1 {
+            handed_back_at = Some(h.server.streams.operations());
+        }
+    }
+    let at = handed_back_at.expect("the idle slot gave its slices back");
+    assert!(
+        (2 * IDLE_PERIOD..2 * IDLE_PERIOD + 8).contains(&at),
+        "handed back at operation {at}"
+    );
+    // Once: a slot handed back is not walked again before an operation touches it.
+    assert_eq!(idle_reclaims(&mut h), 1);
+    // The 1 MiB block is free in the engine; the two threads' live 4 KiB tensors and the
+    // 4 KiB slice thread 2's pool keeps (the last one dropped) are what is left.
+    assert_eq!(allocated(&h), 3 * 4096);
+    drop((kept, live));
+}
