@@ -78,8 +78,9 @@
 //! for, it reserves from the pool alone ([`Growth::PoolOnly`]) until the pool has no free slice
 //! of it, holding what it got, then lets all of it go. The slices are as free as before, in
 //! the same order, and no counter, mark or budget of the policy moves; the reading counts
-//! their blocks as cache ([`CachedAbove`]). The only trace it leaves is in the free slices'
-//! recorded size, which CubeCL overwrites when it hands one out and which nothing decides by.
+//! their blocks as cache ([`CachedAbove`]). CubeCL writes the looked-up size into each free
+//! slice it hands the lookup, the size the slice already records (the streams reserve padded
+//! sizes, below), so not even that changes.
 //! Every free slice is found this way because every slice stays under the key it was made
 //! with (see "Padded sizes").
 //!
