@@ -39,6 +39,12 @@ pub(crate) fn trace_path() -> Option<std::path::PathBuf> {
     trace_path_from(std::env::var_os(TRACE_ENV))
 }
 
+/// Whether `BURN_CACHING_ALLOC_TRACE` names a path ([`trace_path`] without its warning about an
+/// empty value, which [`startup_config`] gives once per device).
+pub(crate) fn traces_every_tensor() -> bool {
+    std::env::var_os(TRACE_ENV).is_some_and(|value| !value.is_empty())
+}
+
 /// [`trace_path`] for the variable's value `value`; an empty one is warned about.
 fn trace_path_from(value: Option<std::ffi::OsString>) -> Option<std::path::PathBuf> {
     match value {

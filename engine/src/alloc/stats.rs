@@ -88,7 +88,7 @@ impl StatArray {
         }
     }
 
-    fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
+    pub(crate) fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
         match pool {
             PoolKind::Small => &mut self.small_pool,
             PoolKind::Large => &mut self.large_pool,

@@ -195,7 +195,7 @@ impl<D: Driver> Streams<D> {
             taken_over: None,
             exited_unseen: VecDeque::new(),
             reuse_after: REUSE_AFTER,
-            every_tensor: super::super::env::trace_path().is_some(),
+            every_tensor: super::super::env::traces_every_tensor(),
         }
     }
 

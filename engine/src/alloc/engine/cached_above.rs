@@ -54,10 +54,7 @@ impl CachedAbove {
 /// amounts and the peak stay (nothing was freed).
 fn lower(stat: &mut StatArray, pool: PoolKind, amount: u64) {
     stat.all.current = stat.all.current.saturating_sub(amount);
-    let pool = match pool {
-        PoolKind::Small => &mut stat.small_pool,
-        PoolKind::Large => &mut stat.large_pool,
-    };
+    let pool = stat.pool_mut(pool);
     pool.current = pool.current.saturating_sub(amount);
 }
 
@@ -110,13 +107,7 @@ impl<D: DeviceMemory> Engine<D> {
             .map(|block| self.blocks.address(block))
             .collect();
         for segment in &mut snapshot.segments {
-            if !segment
-                .blocks
-                .iter()
-                .any(|b| addresses.contains(&b.address))
-            {
-                continue;
-            }
+            let mut marked = false;
             for block in &mut segment.blocks {
                 if addresses.contains(&block.address) {
                     block.state = BlockState::Inactive;
@@ -124,9 +115,12 @@ impl<D: DeviceMemory> Engine<D> {
                     block.requested_size = 0;
                     block.stack = None;
                     block.scope = None;
+                    marked = true;
                 }
             }
-            sum_blocks(segment);
+            if marked {
+                sum_blocks(segment);
+            }
         }
         snapshot.stats = self.stats_with(cached);
         snapshot
