@@ -16,14 +16,7 @@ use burn_caching_alloc::runtime::{ReclaimCounters, StreamMemory};
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
 
 use crate::storage::props;
-
-/// The next value of a 64-bit linear congruential generator.
-fn next(state: &mut u64) -> u64 {
-    *state = state
-        .wrapping_mul(6_364_136_223_846_793_005)
-        .wrapping_add(1_442_695_040_888_963_407);
-    *state >> 33
-}
+use crate::support::rng::next;
 
 /// What a run ends with: device allocations and frees, the engine's snapshot (segments,
 /// blocks, statistics) as JSON, and every stream's reclaim counters.

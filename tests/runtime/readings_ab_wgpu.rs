@@ -15,6 +15,7 @@ use burn_caching_alloc::backend::{self, CachingWgpuUnfused};
 
 use crate::support::child::in_child;
 use crate::support::lavapipe::cpu_device;
+use crate::support::rng::next;
 
 type B = CachingWgpuUnfused;
 
@@ -23,14 +24,6 @@ const OUT: &str = "BURN_CACHING_ALLOC_TEST_AB_OUT";
 const READ: &str = "BURN_CACHING_ALLOC_TEST_AB_READ";
 const SEED: &str = "BURN_CACHING_ALLOC_TEST_AB_SEED";
 const TEST: &str = "readings_ab_wgpu::one_run_of_the_program";
-
-/// The next value of a 64-bit linear congruential generator.
-fn next(state: &mut u64) -> u64 {
-    *state = state
-        .wrapping_mul(6_364_136_223_846_793_005)
-        .wrapping_add(1_442_695_040_888_963_407);
-    *state >> 33
-}
 
 /// Every reading of the user API, in turn (one per operation).
 fn read(device: &burn::backend::wgpu::WgpuDevice, op: usize) {

@@ -14,6 +14,7 @@ use burn_caching_alloc::backend::{self, CachingWgpu, CachingWgpuUnfused};
 
 use crate::support::child::in_child;
 use crate::support::lavapipe::cpu_device;
+use crate::support::rng::next;
 use crate::support::stock::stock_reserved;
 
 const THREADS: usize = 6;
@@ -28,10 +29,7 @@ fn sizes(thread: usize) -> Vec<usize> {
     let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ (thread as u64 + 1);
     (0..TENSORS)
         .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            let bytes = MIN_BYTES + (state >> 33) as usize % (MAX_BYTES - MIN_BYTES + 1);
+            let bytes = MIN_BYTES + next(&mut state) as usize % (MAX_BYTES - MIN_BYTES + 1);
             bytes / 4
         })
         .collect()

@@ -9,5 +9,6 @@ pub mod ci;
 pub mod lavapipe;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod mlp_check;
+pub mod rng;
 #[cfg(feature = "wgpu")]
 pub mod stock;
