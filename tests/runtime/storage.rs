@@ -610,3 +610,88 @@ fn held_bytes_stay_exact_across_empty_tensors() {
     storage.dealloc(full.id);
     assert_eq!(storage.held_bytes(), 0);
 }
+
+/// The share of its visited slices a walk must release to count as productive: the library's
+/// (private) `PRODUCTIVE_SHARE`.
+const PRODUCTIVE_SHARE: u64 = 256;
+
+/// Loads 300 parameters (2 MiB + 512 B x i each; the later ones share 20 MiB segments), then
+/// keeps reserving tensors of new sizes over 10 MiB until the budget has paid for a walk and
+/// then refused one, so that it holds less than the next walk costs. Nothing is dropped.
+fn loaded_stream_with_a_short_budget() -> (
+    SimDevice,
+    StreamMemory<SimDevice>,
+    Vec<ManagedMemoryHandle>,
+    Vec<ManagedMemoryHandle>,
+) {
+    let (device, allocator) = engine(1 << 40);
+    let mut memory = StreamMemory::new(allocator, STREAM, &props());
+    let params: Vec<_> = (0..300u64)
+        .map(|i| memory.reserve(2 * MIB + (i + 1) * 512).expect("reserve"))
+        .collect();
+    let start = memory.counters();
+    let mut extra = Vec::new();
+    for j in 0..4096u64 {
+        extra.push(memory.reserve(16 * MIB + (j + 1) * 512).expect("reserve"));
+        let now = memory.counters();
+        if now.reclaims > start.reclaims && now.skipped_reclaims > start.skipped_reclaims {
+            break;
+        }
+    }
+    let counters = memory.counters();
+    assert!(
+        counters.skipped_reclaims > start.skipped_reclaims,
+        "{counters:?}"
+    );
+    assert_eq!(counters.growth_reclaims + counters.productive_reclaims, 0);
+    (device, memory, params, extra)
+}
+
+/// Drops the last `first` parameters and walks (explicitly: the budget is untouched), drops 30
+/// more below them (three whole 20 MiB segments' worth, still in CubeCL's pool), then reserves
+/// 12 MiB, a new size the engine's cache cannot serve. Returns (counters before and after the
+/// 12 MiB reservation, device allocations before and after, slices the walk visited).
+fn walk_then_miss(first: usize) -> ((ReclaimCounters, ReclaimCounters), (u64, u64), u64) {
+    let (device, mut memory, mut params, extra) = loaded_stream_with_a_short_budget();
+    let visited = memory.usage().number_allocs;
+    params.truncate(params.len() - first);
+    memory.reclaim();
+    params.truncate(params.len() - 30);
+    let before = (memory.counters(), device.counters().allocs);
+    let tensor = memory.reserve(12 * MIB).expect("reserve");
+    let after = (memory.counters(), device.counters().allocs);
+    drop((tensor, params, extra));
+    ((before.0, after.0), (before.1, after.1), visited)
+}
+
+#[test]
+fn a_would_grow_miss_after_a_productive_walk_walks_even_when_the_budget_is_short() {
+    // The explicit walk released 4 of about 300 + n slices, at least 1/256 of them: productive.
+    // The 12 MiB miss cannot be paid from the budget and no slice was reused since (so the
+    // growth sign is off), yet it walks, hands back the 30 dropped parameters, and the engine
+    // places it in their coalesced blocks without a device allocation.
+    let ((before, after), (allocs_before, allocs_after), visited) = walk_then_miss(4);
+    assert!(4 * PRODUCTIVE_SHARE >= visited, "{visited} slices");
+    assert_eq!(after.reclaims, before.reclaims, "{after:?}");
+    assert_eq!(after.placement_reclaims, before.placement_reclaims);
+    assert_eq!(
+        after.productive_reclaims,
+        before.productive_reclaims + 1,
+        "{after:?}"
+    );
+    assert_eq!(after.growth_reclaims, before.growth_reclaims);
+    assert_eq!(allocs_after, allocs_before, "{after:?}");
+
+    // A walk that released 1 slice of as many is under 1/256: the same miss grows the device
+    // instead, with the 30 parameters still in CubeCL's pool.
+    let ((before, after), (allocs_before, allocs_after), visited) = walk_then_miss(1);
+    assert!(PRODUCTIVE_SHARE < visited, "{visited} slices");
+    assert_eq!(after.productive_reclaims, before.productive_reclaims);
+    assert_eq!(after.reclaims, before.reclaims);
+    assert_eq!(
+        after.skipped_reclaims,
+        before.skipped_reclaims + 1,
+        "{after:?}"
+    );
+    assert_eq!(allocs_after, allocs_before + 1, "{after:?}");
+}
