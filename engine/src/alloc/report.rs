@@ -557,7 +557,9 @@ impl fmt::Display for MemoryReport {
 }
 
 /// Whether `frame` is the program's own rather than a library's under it (CubeCL, Burn, the
-/// standard library, the test harness; inlined generic frames without a path are libraries').
+/// standard library, the test harness). A frame named without a path (a function inlined in
+/// an optimised build, whose debug information gives its bare name) is the program's when its
+/// source file is: not the standard library's (`/rustc/...`), nor a downloaded crate's.
 fn is_program_frame(frame: &Frame) -> bool {
     const LIBRARIES: [&str; 8] = [
         "cubecl",
@@ -570,14 +572,58 @@ fn is_program_frame(frame: &Frame) -> bool {
         "fn(",
     ];
     let name = frame.name.trim_start_matches('<');
+    if LIBRARIES.iter().any(|lib| name.starts_with(lib)) {
+        return false;
+    }
     let path = name.split('<').next().unwrap_or(name);
-    path.contains("::") && !LIBRARIES.iter().any(|lib| name.starts_with(lib))
+    path.contains("::") || is_program_file(&frame.filename)
+}
+
+/// Whether `file` is a source file of the program rather than of the standard library or a
+/// crate cargo downloaded ("??" when unknown: not the program's).
+fn is_program_file(file: &str) -> bool {
+    const LIBRARY_SOURCES: [&str; 4] = ["/rustc/", "/.cargo/registry/", "/.cargo/git/", "??"];
+    let file = file.replace('\\', "/");
+    !file.is_empty() && !LIBRARY_SOURCES.iter().any(|dir| file.contains(dir))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::alloc::units::MIB;
+
+    #[test]
+    fn a_frame_named_without_a_path_is_the_programs_when_its_file_is() {
+        let frame = |name: &str, filename: &str| Frame {
+            name: name.into(),
+            filename: filename.into(),
+            line: 1,
+        };
+        // Unoptimised: full paths decide.
+        assert!(is_program_frame(&frame("app::train::step", "??")));
+        assert!(!is_program_frame(&frame(
+            "burn_core::module::Module::forward",
+            "src/m.rs"
+        )));
+        // Optimised with line tables: an inlined function has its bare name.
+        assert!(is_program_frame(&frame(
+            "step",
+            "/home/me/app/src/train.rs"
+        )));
+        assert!(is_program_frame(&frame(
+            "{closure#0}",
+            "./tests/engine/memory_report.rs"
+        )));
+        assert!(!is_program_frame(&frame(
+            "call_once<app::Main>",
+            "/rustc/5980761/library/core/src/ops/function.rs"
+        )));
+        assert!(!is_program_frame(&frame(
+            "launch",
+            "/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/cubecl-runtime-0.10.0/src/lib.rs"
+        )));
+        assert!(!is_program_frame(&frame("step", "??")));
+    }
 
     #[test]
     fn segment_rules_follow_pytorchs_round_size_and_get_allocation_size() {

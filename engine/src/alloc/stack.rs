@@ -31,13 +31,26 @@ pub struct Frame {
 pub struct Stack(Arc<[usize]>);
 
 impl Stack {
-    /// Captures the calling thread's stack (addresses only; nothing is symbolised).
+    /// Captures the calling thread's stack (addresses only; nothing is symbolised), from the
+    /// caller of this function out: the unwinder's frames and this one's are left out here, by
+    /// address, since an optimised build inlines them under names no resolver could tell apart
+    /// (when the unwinder cannot say which function a frame is in, every frame is kept and the
+    /// resolver skips them by name).
+    #[inline(never)]
     pub fn capture() -> Self {
+        let this = Stack::capture as fn() -> Stack as usize;
         let mut addresses = Vec::with_capacity(48);
+        let mut callers_from = None;
         backtrace::trace(|frame| {
+            if callers_from.is_none() && frame.symbol_address() as usize == this {
+                callers_from = Some(addresses.len() + 1);
+            }
             addresses.push(frame.ip() as usize);
             true
         });
+        if let Some(start) = callers_from {
+            addresses.drain(..start.min(addresses.len()));
+        }
         Stack(addresses.into())
     }
 
