@@ -100,3 +100,47 @@ fn empty_cache_synchronizes_pending_frees_and_releases_them() {
     assert!(layout(&alloc).is_empty());
     check_invariants(&alloc, &device);
 }
+
+/// PyTorch's `process_events` (`CUDACachingAllocator.cpp`) stops at a stream's first event
+/// that has not completed: events of one stream complete in the order they were recorded.
+#[test]
+fn a_malloc_asks_only_the_first_unfinished_event_of_each_stream() {
+    let (alloc, device) = allocator(1 << 30, "");
+    let users = [S1, DeviceStream(2)];
+    // 50 blocks of stream 0, each used on both other streams: 100 pending events.
+    for _ in 0..50 {
+        let a = alloc.malloc(4096, S0).unwrap();
+        for stream in users {
+            alloc.record_stream(&a, stream).unwrap();
+        }
+        alloc.free(a).unwrap();
+    }
+    assert_eq!(device.counters().events_recorded, 100);
+    let asked = device.counters().events_queried;
+    let b = alloc.malloc(4096, S0).unwrap();
+    // One question per stream with pending frees, not one per pending event.
+    assert_eq!(device.counters().events_queried - asked, 2);
+    assert_eq!(alloc.stats().num_alloc_retries, 0);
+    alloc.free(b).unwrap();
+
+    // Stream 1 finishes: its 50 events complete in one call (50 questions, and one more for
+    // stream 2's first); the blocks still wait for stream 2.
+    device.complete_events(S1);
+    let asked = device.counters().events_queried;
+    let c = alloc.malloc(4096, S0).unwrap();
+    assert_eq!(device.counters().events_queried - asked, 50 + 1);
+    alloc.free(c).unwrap();
+    let pending = |alloc| {
+        layout(alloc)
+            .iter()
+            .flatten()
+            .filter(|(_, state)| *state == P)
+            .count()
+    };
+    assert_eq!(pending(&alloc), 50);
+    device.complete_events(DeviceStream(2));
+    let d = alloc.malloc(4096, S0).unwrap();
+    assert_eq!(pending(&alloc), 0);
+    alloc.free(d).unwrap();
+    check_invariants(&alloc, &device);
+}

@@ -4,15 +4,70 @@
 //! queued work when its owner frees it. The free records an event on every such stream; the
 //! block stays active until all of them completed, and only then merges into the cache.
 
+use std::collections::VecDeque;
+
 use super::Engine;
 use crate::alloc::block::BlockId;
 use crate::alloc::error::AllocError;
-use crate::device::DeviceMemory;
+use crate::device::{DeviceMemory, DeviceStream};
 
 /// One event a pending free waits on.
 pub(crate) struct PendingFree<E> {
     pub event: E,
     pub block: BlockId,
+}
+
+/// The events pending frees wait on, one queue per stream in the order they were recorded
+/// there. Events of one stream complete in that order (stream order), so only the front of a
+/// queue needs asking: a call that completes nothing asks once per stream, however many
+/// frees wait (PyTorch's `process_events` stops at a stream's first unfinished event too).
+pub(crate) struct PendingFrees<E> {
+    queues: Vec<(DeviceStream, VecDeque<PendingFree<E>>)>,
+}
+
+impl<E> Default for PendingFrees<E> {
+    fn default() -> Self {
+        Self { queues: Vec::new() }
+    }
+}
+
+impl<E> PendingFrees<E> {
+    /// Adds the event just recorded on `stream` for `block`.
+    fn push(&mut self, stream: DeviceStream, event: E, block: BlockId) {
+        let pending = PendingFree { event, block };
+        match self.queues.iter_mut().find(|(s, _)| *s == stream) {
+            Some((_, queue)) => queue.push_back(pending),
+            None => self.queues.push((stream, VecDeque::from([pending]))),
+        }
+    }
+
+    /// Whether no free waits on any event.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queues.iter().all(|(_, queue)| queue.is_empty())
+    }
+
+    /// Every pending event, queue by queue.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &PendingFree<E>> {
+        self.queues.iter().flat_map(|(_, queue)| queue.iter())
+    }
+
+    /// The queues, to be worked through and put back (empty ones dropped) with
+    /// [`put_back`](Self::put_back).
+    fn take(&mut self) -> Vec<(DeviceStream, VecDeque<PendingFree<E>>)> {
+        std::mem::take(&mut self.queues)
+    }
+
+    /// Puts back what [`take`](Self::take) took and was not completed, ahead of any event
+    /// recorded meanwhile on the same stream.
+    fn put_back(&mut self, queues: Vec<(DeviceStream, VecDeque<PendingFree<E>>)>) {
+        let recorded_meanwhile = std::mem::replace(&mut self.queues, queues);
+        self.queues.retain(|(_, queue)| !queue.is_empty());
+        for (stream, queue) in recorded_meanwhile {
+            for pending in queue {
+                self.push(stream, pending.event, pending.block);
+            }
+        }
+    }
 }
 
 impl<D: DeviceMemory> Engine<D> {
@@ -28,7 +83,7 @@ impl<D: DeviceMemory> Engine<D> {
             match self.device.record_event(stream) {
                 Ok(event) => {
                     self.blocks[block].pending_events += 1;
-                    self.pending.push(PendingFree { event, block });
+                    self.pending.push(stream, event, block);
                 }
                 Err(e) => {
                     self.blocks[block].stream_uses = streams[i..].to_vec();
@@ -63,18 +118,32 @@ impl<D: DeviceMemory> Engine<D> {
         }
     }
 
-    /// Completes the pending frees whose events have finished.
+    /// Completes the pending frees whose events have finished: per stream, the front events
+    /// that completed, up to the first that has not. A failed query is returned; what
+    /// completed before it stays completed.
     pub fn process_events(&mut self) -> Result<(), AllocError> {
         self.retry_failed_events()?;
-        let mut i = 0;
-        while i < self.pending.len() {
-            if self.device.query_event(&self.pending[i].event)? {
-                let done = self.pending.swap_remove(i);
-                self.device.release_event(done.event);
-                self.event_done(done.block);
-            } else {
-                i += 1;
+        if !self.pending.is_empty() {
+            let mut queues = self.pending.take();
+            let mut result: Result<(), AllocError> = Ok(());
+            'streams: for (_, queue) in &mut queues {
+                while let Some(front) = queue.front() {
+                    match self.device.query_event(&front.event) {
+                        Ok(true) => {
+                            let done = queue.pop_front().expect("a front event");
+                            self.device.release_event(done.event);
+                            self.event_done(done.block);
+                        }
+                        Ok(false) => break,
+                        Err(e) => {
+                            result = Err(e.into());
+                            break 'streams;
+                        }
+                    }
+                }
             }
+            self.pending.put_back(queues);
+            result?;
         }
         if self.uncached() {
             self.release_completed_frees()?;
@@ -94,20 +163,24 @@ impl<D: DeviceMemory> Engine<D> {
                 failures.push(e);
             }
         }
-        let mut unfinished = Vec::new();
-        while let Some(pending) = self.pending.pop() {
-            match self.device.synchronize_event(&pending.event) {
-                Ok(()) => {
-                    self.device.release_event(pending.event);
-                    self.event_done(pending.block);
-                }
-                Err(e) => {
-                    failures.push(e.into());
-                    unfinished.push(pending);
+        let mut queues = self.pending.take();
+        for (_, queue) in &mut queues {
+            let mut unfinished = VecDeque::new();
+            while let Some(pending) = queue.pop_front() {
+                match self.device.synchronize_event(&pending.event) {
+                    Ok(()) => {
+                        self.device.release_event(pending.event);
+                        self.event_done(pending.block);
+                    }
+                    Err(e) => {
+                        failures.push(e.into());
+                        unfinished.push_back(pending);
+                    }
                 }
             }
+            *queue = unfinished;
         }
-        self.pending = unfinished;
+        self.pending.put_back(queues);
         failures
     }
 
@@ -117,14 +190,21 @@ impl<D: DeviceMemory> Engine<D> {
     pub fn synchronize_pending(&mut self) -> Result<(), AllocError> {
         self.stats.num_sync_all_streams += 1;
         self.retry_failed_events()?;
-        while let Some(pending) = self.pending.pop() {
-            if let Err(e) = self.device.synchronize_event(&pending.event) {
-                self.pending.push(pending);
-                return Err(e.into());
+        let mut queues = self.pending.take();
+        let mut result: Result<(), AllocError> = Ok(());
+        'streams: for (_, queue) in &mut queues {
+            while let Some(pending) = queue.front() {
+                if let Err(e) = self.device.synchronize_event(&pending.event) {
+                    result = Err(e.into());
+                    break 'streams;
+                }
+                let done = queue.pop_front().expect("a front event");
+                self.device.release_event(done.event);
+                self.event_done(done.block);
             }
-            self.device.release_event(pending.event);
-            self.event_done(pending.block);
         }
+        self.pending.put_back(queues);
+        result?;
         Ok(())
     }
 }

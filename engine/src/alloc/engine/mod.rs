@@ -58,7 +58,7 @@ use crate::alloc::size::{
 use crate::alloc::stack::Stack;
 use crate::alloc::units::MIB;
 pub use cached_above::CachedAbove;
-use events::PendingFree;
+use events::PendingFrees;
 use sharing::StreamTable;
 
 /// The largest large-pool block size kept in size classes (8 KiB of bitmap per stream, and
@@ -74,7 +74,7 @@ pub(crate) struct Engine<D: DeviceMemory> {
     blocks: Blocks<D::Handle>,
     small: FreeList,
     large: FreeList,
-    pending: Vec<PendingFree<D::Event>>,
+    pending: PendingFrees<D::Event>,
     /// Freed blocks with streams whose event failed to record: held until it records.
     needs_events: Vec<BlockId>,
     /// Unmapped blocks of expandable segments, by (pool, stream, address).
@@ -174,7 +174,7 @@ impl<D: DeviceMemory> Engine<D> {
             // Large-pool blocks are over 1 MiB; classes hold the 20 MiB segments and their
             // splits, the ordered map anything larger.
             large: FreeList::with_classes(SMALL_SIZE + MIN_BLOCK_SIZE, LARGE_CLASS_LIMIT),
-            pending: Vec::new(),
+            pending: PendingFrees::default(),
             needs_events: Vec::new(),
             unmapped: std::collections::BTreeMap::new(),
             stats,

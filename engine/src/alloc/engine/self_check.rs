@@ -305,7 +305,7 @@ impl<D: DeviceMemory> Engine<D> {
     /// The pending-free queue against the blocks waiting on it.
     fn check_pending(&self) -> Result<(), String> {
         let mut waits: BTreeMap<BlockId, usize> = BTreeMap::new();
-        for pending in &self.pending {
+        for pending in self.pending.iter() {
             match self.blocks.get(pending.block) {
                 Some(b) if b.state == BlockState::ActivePendingFree => {
                     *waits.entry(pending.block).or_default() += 1;
