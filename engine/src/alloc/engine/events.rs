@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use super::Engine;
 use crate::alloc::block::BlockId;
 use crate::alloc::error::AllocError;
-use crate::device::{DeviceMemory, DeviceStream};
+use crate::device::{DeviceError, DeviceMemory, DeviceStream};
 
 /// One event a pending free waits on.
 pub(crate) struct PendingFree<E> {
@@ -124,26 +124,7 @@ impl<D: DeviceMemory> Engine<D> {
     pub fn process_events(&mut self) -> Result<(), AllocError> {
         self.retry_failed_events()?;
         if !self.pending.is_empty() {
-            let mut queues = self.pending.take();
-            let mut result: Result<(), AllocError> = Ok(());
-            'streams: for (_, queue) in &mut queues {
-                while let Some(front) = queue.front() {
-                    match self.device.query_event(&front.event) {
-                        Ok(true) => {
-                            let done = queue.pop_front().expect("a front event");
-                            self.device.release_event(done.event);
-                            self.event_done(done.block);
-                        }
-                        Ok(false) => break,
-                        Err(e) => {
-                            result = Err(e.into());
-                            break 'streams;
-                        }
-                    }
-                }
-            }
-            self.pending.put_back(queues);
-            result?;
+            self.complete_finished(|device, event| device.query_event(event))?;
         }
         if self.uncached() {
             self.release_completed_frees()?;
@@ -190,21 +171,35 @@ impl<D: DeviceMemory> Engine<D> {
     pub fn synchronize_pending(&mut self) -> Result<(), AllocError> {
         self.stats.num_sync_all_streams += 1;
         self.retry_failed_events()?;
+        self.complete_finished(|device, event| device.synchronize_event(event).map(|()| true))
+    }
+
+    /// Completes, stream by stream, the pending frees at the front of each queue whose event
+    /// `finished` says is over (asking the device), up to the first that is not. An error
+    /// from `finished` stops there and is returned; what completed before it stays completed.
+    fn complete_finished(
+        &mut self,
+        mut finished: impl FnMut(&mut D, &D::Event) -> Result<bool, DeviceError>,
+    ) -> Result<(), AllocError> {
         let mut queues = self.pending.take();
-        let mut result: Result<(), AllocError> = Ok(());
+        let mut result = Ok(());
         'streams: for (_, queue) in &mut queues {
-            while let Some(pending) = queue.front() {
-                if let Err(e) = self.device.synchronize_event(&pending.event) {
-                    result = Err(e.into());
-                    break 'streams;
+            while let Some(front) = queue.front() {
+                match finished(&mut self.device, &front.event) {
+                    Ok(true) => {
+                        let done = queue.pop_front().expect("a front event");
+                        self.device.release_event(done.event);
+                        self.event_done(done.block);
+                    }
+                    Ok(false) => break,
+                    Err(e) => {
+                        result = Err(e.into());
+                        break 'streams;
+                    }
                 }
-                let done = queue.pop_front().expect("a front event");
-                self.device.release_event(done.event);
-                self.event_done(done.block);
             }
         }
         self.pending.put_back(queues);
-        result?;
-        Ok(())
+        result
     }
 }
