@@ -331,16 +331,11 @@ pub fn memory_summary<Dev: CachingDevice>(device: &Dev) -> String {
          the \"Allocated memory\" row). Reserved but not allocated: {in_cubecl} B that CubeCL \
          keeps in free slices for exact-size reuse (inactive blocks in snapshots) and \
          {in_engine} B in the engine's free blocks.\nCubeCL layer: {hits} reservations \
-         served from its free slices, {reclaims} reclaims (+{placement} before placing a new \
-         size, +{productive} after a productive walk, +{growth} on growth of reserved memory, \
-         {skipped} skipped, {oom} after out-of-memory)\n",
+         served from its free slices, {reclaims} walks handing its free slices back to the \
+         engine ({work} slice visits)\n",
         hits = r.pool_hits,
         reclaims = r.reclaims,
-        placement = r.placement_reclaims,
-        productive = r.productive_reclaims,
-        growth = r.growth_reclaims,
-        skipped = r.skipped_reclaims,
-        oom = r.oom_reclaims,
+        work = r.reclaim_work,
     ) + &stats.host.map(pinned_summary).unwrap_or_default()
 }
 

@@ -2,8 +2,8 @@
 //!
 //! - `faults`: dropped stream memory and a poisoned engine at the runtime layer;
 //! - `readings_ab`: readings that change nothing, three streams on the simulated device;
-//! - `storage`: `EngineStorage`, CubeCL's persistent manager over it and the reclaim policy, on
-//!   the simulated device (no GPU, no feature);
+//! - `storage`: `EngineStorage` and CubeCL's persistent manager over it, on the simulated
+//!   device (no GPU, no feature; the reclaim policy's tests are in the crate, beside it);
 //! - `burn_fused_wgpu`, `burn_mlp_wgpu`, `burn_oom_wgpu`, `caller_stacks_wgpu`, `components_wgpu`,
 //!   `configure_wgpu`, `expandable_wgpu`, `failed_requests_wgpu`, `history_wgpu`,
 //!   `launches_wgpu`, `mem_pool_wgpu`,

@@ -83,7 +83,7 @@ fn reserved_growing_while_live_tensors_are_flat_is_reported_as_the_cache() {
     // CubeCL's free slices are the dropped tensors' (4 B a value, in 512-byte engine blocks)
     // that nothing reclaimed before: at least the last one (no request came after it), at most
     // all three (a miss of the engine may hand the earlier ones back first, as
-    // `stream_memory.rs`'s reclaim does when a new size would grow the pool). The report's
+    // `stream_memory`'s reclaim does when a new size would grow the pool). The report's
     // reading left them there: the reading after it finds the same.
     let dropped = [300_000u64, 700_000, 1_500_000].map(|n| (4 * n).next_multiple_of(512));
     assert!(

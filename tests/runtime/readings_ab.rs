@@ -5,7 +5,7 @@
 //! allocations and frees, end with the same engine snapshot and the same reclaim counters; and
 //! each reading names every free slice, so its "allocated" is exactly the live tensors' blocks
 //! (sizes off the alignment once left free slices CubeCL could not find: see "Padded sizes" in
-//! `runtime/stream_memory.rs`).
+//! `runtime/stream_memory/mod.rs`).
 
 use std::sync::Arc;
 

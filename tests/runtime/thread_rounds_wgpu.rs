@@ -80,7 +80,7 @@ fn reserved_per_round<B: Backend<Device = WgpuDevice>>(device: &WgpuDevice) -> V
         let key = |k: &str| map.get(k).copied().unwrap_or(-1);
         println!(
             "round: reserved {} allocated {} in cubecl {} device allocs {} shares {} lends {} \
-             segments {} streams {} slot reuses {} idle reclaims {}",
+             segments {} streams {} slot reuses {} reclaims {}",
             stats.memory_reserved(),
             stats.memory_allocated(),
             stats.cached_in_cubecl(),
@@ -90,7 +90,7 @@ fn reserved_per_round<B: Backend<Device = WgpuDevice>>(device: &WgpuDevice) -> V
             key("segment.all.current"),
             key("cubecl.streams"),
             key("cubecl.slot_reuses"),
-            key("cubecl.idle_reclaims"),
+            key("cubecl.reclaims"),
         );
         stats.memory_reserved()
     })

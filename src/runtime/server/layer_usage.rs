@@ -52,14 +52,7 @@ impl CubeclLayerUsage {
         let r = &mut self.reclaim;
         r.reserves += counters.reserves;
         r.pool_hits += counters.pool_hits;
-        r.placement_reclaims += counters.placement_reclaims;
-        r.productive_reclaims += counters.productive_reclaims;
-        r.would_grow += counters.would_grow;
         r.reclaims += counters.reclaims;
-        r.growth_reclaims += counters.growth_reclaims;
-        r.skipped_reclaims += counters.skipped_reclaims;
-        r.oom_reclaims += counters.oom_reclaims;
-        r.idle_reclaims += counters.idle_reclaims;
         r.reclaim_work += counters.reclaim_work;
     }
 }

@@ -457,7 +457,7 @@ impl<D: Driver> CachingServer<D> {
     /// CubeCL's layer now, with the engine blocks of every stream's free slices named in the
     /// returned [`CachedAbove`], for a reading: nothing is handed back, flushed or polled, so
     /// every later decision is the one a run without the reading makes (see "Readings" in
-    /// `runtime/stream_memory.rs`).
+    /// `runtime/stream_memory/mod.rs`).
     pub fn free_slices(&mut self) -> (CubeclLayerUsage, CachedAbove) {
         let mut cached = CachedAbove::default();
         let mut found = FreeSlices::default();

@@ -83,7 +83,7 @@ fn a_request_that_fails_is_one_out_of_memory_with_one_observer_call_and_one_snap
             .streams
             .get(&mut h.server.driver, stream(slot))
             .memory
-            .counters();
+            .policy_counters();
         assert_eq!(counters.oom_reclaims, 1, "stream {slot} reclaimed once");
     }
     let report = h.server.allocator().wait_for_oom_observers();
@@ -134,7 +134,7 @@ fn a_request_that_can_never_fit_is_a_clear_error_at_once() {
         .streams
         .get(&mut h.server.driver, stream(2))
         .memory
-        .counters();
+        .policy_counters();
     assert_eq!(other.oom_reclaims, 0);
     assert_eq!(
         h.server

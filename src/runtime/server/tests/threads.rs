@@ -74,7 +74,7 @@ fn rounds_of_new_threads_reuse_the_memory_of_the_threads_that_are_gone() {
             .streams
             .get_slot(&mut h.server.driver, slot)
             .memory
-            .counters()
+            .policy_counters()
             .idle_reclaims;
         assert_eq!(idle, u64::from(slot != last), "slot {slot}");
     }
@@ -332,7 +332,7 @@ fn a_slot_no_operation_touched_for_a_whole_idle_period_gives_its_free_slices_bac
             .streams
             .get_slot(&mut h.server.driver, idle_slot)
             .memory
-            .counters()
+            .policy_counters()
             .idle_reclaims
     };
     let allocated = |h: &super::harness::Harness| h.server.allocator().stats().memory_allocated();

@@ -177,7 +177,9 @@ pub enum ReclaimPolicy {
     EveryReserve,
 }
 
-/// What a stream's reservations did, for tests, benchmarks and the user-facing summary.
+/// What a stream's reservations did, as a user reads it (`memory_stats`' `cubecl.*` keys and the
+/// summary): how many CubeCL's exact-size reuse served, and how often and at what cost the
+/// stream handed CubeCL's free slices back to the engine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReclaimCounters {
@@ -185,30 +187,58 @@ pub struct ReclaimCounters {
     pub reserves: u64,
     /// Reservations CubeCL's pool served from a free slice of exactly the size.
     pub pool_hits: u64,
-    /// Reclaims run before the engine placed a large request CubeCL's pool could not serve.
-    pub placement_reclaims: u64,
-    /// Would-grow misses the budget could not pay for, reclaimed anyway because the stream's
-    /// last reclaim released at least 1/256 of the slices it visited.
-    pub productive_reclaims: u64,
-    /// Reservations that neither CubeCL's pool nor the engine's cache could serve.
-    pub would_grow: u64,
-    /// Reclaims run before a would-grow reservation paid by the budget (or before every
-    /// reservation under [`ReclaimPolicy::EveryReserve`]).
+    /// Walks that handed CubeCL's free slices back to the engine, whatever the reason.
     pub reclaims: u64,
-    /// Would-grow misses the budget could not pay for, reclaimed anyway because CubeCL had
-    /// reused a freed slice and the engine's reserved memory had grown by 1/32
-    /// since the stream's last reclaim.
-    pub growth_reclaims: u64,
-    /// Would-grow misses that grew without a reclaim.
-    pub skipped_reclaims: u64,
-    /// Unconditional reclaims run because a reservation (of this stream or another) found
-    /// nothing short of the engine's cache flush.
-    pub oom_reclaims: u64,
-    /// Reclaims run because the stream's slot was idle (its thread gone, or no operation for
-    /// a while), so that the engine shares its free slices with other streams.
-    pub idle_reclaims: u64,
-    /// Slice-visits spent by all reclaims (the work the budget bounds).
+    /// Slice-visits spent by those walks (the work the budget bounds).
     pub reclaim_work: u64,
+}
+
+/// The policy's own numbers: [`ReclaimCounters`] and, for each walk, the rule that ran it.
+/// For the crate's tests of the rules; a user reads [`ReclaimCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PolicyCounters {
+    /// Reservations asked of this stream.
+    pub(crate) reserves: u64,
+    /// Reservations CubeCL's pool served from a free slice of exactly the size.
+    pub(crate) pool_hits: u64,
+    /// Every walk, whatever ran it.
+    pub(crate) reclaims: u64,
+    /// Slice-visits spent by all walks.
+    pub(crate) reclaim_work: u64,
+    /// Walks run before the engine placed a large request CubeCL's pool could not serve.
+    pub(crate) placement_reclaims: u64,
+    /// Reservations that neither CubeCL's pool nor the engine's cache could serve.
+    pub(crate) would_grow: u64,
+    /// Walks before a would-grow reservation paid by the budget (or before every reservation
+    /// under [`ReclaimPolicy::EveryReserve`], or routed to a private pool).
+    pub(crate) budget_reclaims: u64,
+    /// Would-grow misses the budget could not pay for, walked anyway because the stream's
+    /// last walk released at least 1/[`PRODUCTIVE_SHARE`] of the slices it visited.
+    pub(crate) productive_reclaims: u64,
+    /// Would-grow misses the budget could not pay for, walked anyway because CubeCL had
+    /// reused a freed slice and the engine's reserved memory had grown by 1/[`GROWTH_STEP`]
+    /// since the stream's last walk.
+    pub(crate) growth_reclaims: u64,
+    /// Would-grow misses that grew without a walk.
+    pub(crate) skipped_reclaims: u64,
+    /// Unconditional walks because a reservation (of this stream or another) found nothing
+    /// short of the engine's cache flush.
+    pub(crate) oom_reclaims: u64,
+    /// Walks because the stream's slot was idle (its thread gone, or no operation for a
+    /// while), so that the engine shares its free slices with other streams.
+    pub(crate) idle_reclaims: u64,
+}
+
+impl PolicyCounters {
+    /// What a user reads of them.
+    pub(crate) fn for_user(&self) -> ReclaimCounters {
+        ReclaimCounters {
+            reserves: self.reserves,
+            pool_hits: self.pool_hits,
+            reclaims: self.reclaims,
+            reclaim_work: self.reclaim_work,
+        }
+    }
 }
 
 /// What [`StreamMemory::free_slices`] found.
@@ -270,7 +300,7 @@ pub struct StreamMemory<D: DeviceMemory> {
     seen_sizes: HashSet<u64>,
     /// CubeCL's slice alignment (sizes are padded to it).
     alignment: u64,
-    counters: ReclaimCounters,
+    counters: PolicyCounters,
     /// The stream's first slice, where every unbound handle resolves (see the module
     /// documentation): held here, so never free.
     _guard: ManagedMemoryHandle,
@@ -337,7 +367,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
             last_released: 0,
             seen_sizes: HashSet::new(),
             alignment: properties.alignment.max(1),
-            counters: ReclaimCounters::default(),
+            counters: PolicyCounters::default(),
         }
     }
 
@@ -365,6 +395,12 @@ impl<D: DeviceMemory> StreamMemory<D> {
 
     /// What this stream's reservations did so far.
     pub fn counters(&self) -> ReclaimCounters {
+        self.counters.for_user()
+    }
+
+    /// The same, with the rule that ran each walk (for the tests of the rules).
+    #[cfg(test)]
+    pub(crate) fn policy_counters(&self) -> PolicyCounters {
         self.counters
     }
 
@@ -422,7 +458,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
         // engine `malloc` in the pool.
         if self.policy == ReclaimPolicy::EveryReserve || self.manager.storage().mem_pool().is_some()
         {
-            self.counters.reclaims += 1;
+            self.counters.budget_reclaims += 1;
             self.reclaim();
             return self.reserve_up_to_flush(size);
         }
@@ -479,7 +515,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
         self.counters.would_grow += 1;
         let cost = self.walk_cost();
         if self.budget.try_spend(cost) {
-            self.counters.reclaims += 1;
+            self.counters.budget_reclaims += 1;
             self.reclaim();
         } else if self.last_productive {
             self.counters.productive_reclaims += 1;
@@ -549,7 +585,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
             return Ok(handle);
         }
         drop(handle);
-        self.counters.reclaims += 1;
+        self.counters.budget_reclaims += 1;
         self.reclaim();
         self.reserve_padded(size)
     }
@@ -647,14 +683,14 @@ impl<D: DeviceMemory> StreamMemory<D> {
     }
 
     /// An unconditional reclaim because a reservation found nothing short of the engine's
-    /// cache flush (counted in [`ReclaimCounters::oom_reclaims`]).
+    /// cache flush (counted among the walks of [`ReclaimCounters::reclaims`]).
     pub fn reclaim_for_oom(&mut self) {
         self.counters.oom_reclaims += 1;
         self.reclaim();
     }
 
-    /// An unconditional reclaim because the stream's slot is idle (counted in
-    /// [`ReclaimCounters::idle_reclaims`]): its free slices become engine blocks, which other
+    /// An unconditional reclaim because the stream's slot is idle (counted among the walks of
+    /// [`ReclaimCounters::reclaims`]): its free slices become engine blocks, which other
     /// streams may take once the slot's work is done.
     pub fn reclaim_idle(&mut self) {
         self.counters.idle_reclaims += 1;
@@ -724,6 +760,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
     /// Hands every free CubeCL slice of this stream back to the engine.
     pub fn reclaim(&mut self) {
         let visited = self.manager.storage().blocks();
+        self.counters.reclaims += 1;
         self.counters.reclaim_work += visited as u64;
         self.manager.cleanup(true);
         let released = visited - self.manager.storage().blocks();
@@ -733,3 +770,6 @@ impl<D: DeviceMemory> StreamMemory<D> {
         self.reuse_seen = false;
     }
 }
+
+#[cfg(test)]
+mod tests;
