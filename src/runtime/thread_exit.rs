@@ -28,13 +28,16 @@ static INBOXES: Mutex<Vec<Weak<ExitInbox>>> = Mutex::new(Vec::new());
 /// thread that first opened a client under another thread's id carries that id as well).
 static WATCHED: Mutex<Vec<(u64, u32)>> = Mutex::new(Vec::new());
 
-/// The most exits an inbox keeps unread: a server that sees no new thread for a long time
-/// (threads of other devices exiting, or `cross_stream_reuse:false`) keeps the newest ones. An
-/// exit dropped unread only keeps its slot from being taken at once by the next new thread.
-const INBOX_CAPACITY: usize = 1024;
+/// The most exits of threads it has not matched to a slot that a server keeps in each of two
+/// places, the newest: unread in its inbox, and read before the thread's first operation
+/// reached it (the server's own list). A server that sees no new thread for a long time
+/// (threads of other devices exiting, or `cross_stream_reuse:false`) would otherwise keep an
+/// id per exiting thread for the process's life. An exit forgotten only keeps its slot from
+/// being taken at once by the next new thread.
+pub(crate) const UNMATCHED_EXITS: usize = 1024;
 
 /// One server's list of stream ids whose threads have exited since it last read it (the
-/// newest [`INBOX_CAPACITY`]).
+/// newest [`UNMATCHED_EXITS`]).
 #[derive(Debug, Default)]
 pub(crate) struct ExitInbox {
     ids: Mutex<std::collections::VecDeque<u64>>,
@@ -60,7 +63,7 @@ impl ExitInbox {
 fn post(id: u64) {
     for inbox in INBOXES.lock().iter().filter_map(Weak::upgrade) {
         let mut ids = inbox.ids.lock();
-        if ids.len() == INBOX_CAPACITY {
+        if ids.len() == UNMATCHED_EXITS {
             ids.pop_front();
         }
         ids.push_back(id);
@@ -158,17 +161,17 @@ mod tests {
     }
 
     /// An inbox nobody reads (a server that sees no new thread) keeps only the newest
-    /// [`INBOX_CAPACITY`] exits; it grew by one id per exiting thread for the process's life.
+    /// [`UNMATCHED_EXITS`] exits; it grew by one id per exiting thread for the process's life.
     #[test]
     fn an_unread_inbox_keeps_only_the_newest_exits() {
         let inbox = ExitInbox::subscribe();
-        for id in 0..(3 * INBOX_CAPACITY as u64) {
+        for id in 0..(3 * UNMATCHED_EXITS as u64) {
             post(u64::MAX - id);
         }
         let ids = inbox.take();
-        assert!(ids.len() <= INBOX_CAPACITY, "{} exits kept", ids.len());
+        assert!(ids.len() <= UNMATCHED_EXITS, "{} exits kept", ids.len());
         assert!(
-            ids.contains(&(u64::MAX - (3 * INBOX_CAPACITY as u64 - 1))),
+            ids.contains(&(u64::MAX - (3 * UNMATCHED_EXITS as u64 - 1))),
             "the newest"
         );
         assert!(!ids.contains(&u64::MAX), "the oldest dropped");

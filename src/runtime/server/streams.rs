@@ -63,7 +63,7 @@ use super::failed::FailedReservations;
 use super::ordering::SyncPoints;
 use crate::alloc::CachingAllocator;
 use crate::device::DeviceStream;
-use crate::runtime::thread_exit::{self, ExitInbox};
+use crate::runtime::thread_exit::{self, ExitInbox, UNMATCHED_EXITS};
 
 /// Operations on a device between two looks for slots that no operation touched since the
 /// previous look (see the module documentation).
@@ -72,10 +72,6 @@ pub(crate) const IDLE_PERIOD: u64 = 4096;
 /// Operations on a device during which no operation of a slot's own threads touched it, before
 /// a new thread is given that slot instead of one of its own (see the module documentation).
 pub(crate) const REUSE_AFTER: u64 = 32;
-
-/// How many exits of threads not met yet a server remembers (another device's threads are
-/// never met: the oldest are forgotten).
-const EXITED_UNSEEN: usize = 1024;
 
 /// The slot of CubeCL stream `id` among `max_streams` (cubecl-runtime's `stream_index`).
 pub(crate) fn slot(id: StreamId, max_streams: usize) -> usize {
@@ -165,7 +161,8 @@ pub(super) struct Streams<D: Driver> {
     /// handed back (see [`Streams::get`]).
     taken_over: Option<usize>,
     /// Ids whose exit was read before this server met them (their last operations were still
-    /// on their way), most recent last, at most [`EXITED_UNSEEN`].
+    /// on their way, or another device's threads), most recent last, at most
+    /// [`UNMATCHED_EXITS`].
     exited_unseen: VecDeque<u64>,
     /// [`REUSE_AFTER`], or `u64::MAX` in tests of what happens without slot reuse.
     reuse_after: u64,
@@ -268,7 +265,7 @@ impl<D: Driver> Streams<D> {
                 }
                 // A thread whose operations have not all arrived yet, or another device's.
                 None => {
-                    if self.exited_unseen.len() == EXITED_UNSEEN {
+                    if self.exited_unseen.len() == UNMATCHED_EXITS {
                         self.exited_unseen.pop_front();
                     }
                     self.exited_unseen.push_back(id);
