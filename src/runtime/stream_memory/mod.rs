@@ -197,14 +197,8 @@ pub struct ReclaimCounters {
 /// For the crate's tests of the rules; a user reads [`ReclaimCounters`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct PolicyCounters {
-    /// Reservations asked of this stream.
-    pub(crate) reserves: u64,
-    /// Reservations CubeCL's pool served from a free slice of exactly the size.
-    pub(crate) pool_hits: u64,
-    /// Every walk, whatever ran it.
-    pub(crate) reclaims: u64,
-    /// Slice-visits spent by all walks.
-    pub(crate) reclaim_work: u64,
+    /// What a user reads.
+    pub(crate) totals: ReclaimCounters,
     /// Walks run before the engine placed a large request CubeCL's pool could not serve.
     pub(crate) placement_reclaims: u64,
     /// Reservations that neither CubeCL's pool nor the engine's cache could serve.
@@ -227,18 +221,6 @@ pub(crate) struct PolicyCounters {
     /// Walks because the stream's slot was idle (its thread gone, or no operation for a
     /// while), so that the engine shares its free slices with other streams.
     pub(crate) idle_reclaims: u64,
-}
-
-impl PolicyCounters {
-    /// What a user reads of them.
-    pub(crate) fn for_user(&self) -> ReclaimCounters {
-        ReclaimCounters {
-            reserves: self.reserves,
-            pool_hits: self.pool_hits,
-            reclaims: self.reclaims,
-            reclaim_work: self.reclaim_work,
-        }
-    }
 }
 
 /// What [`StreamMemory::free_slices`] found.
@@ -395,7 +377,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
 
     /// What this stream's reservations did so far.
     pub fn counters(&self) -> ReclaimCounters {
-        self.counters.for_user()
+        self.counters.totals
     }
 
     /// The same, with the rule that ran each walk (for the tests of the rules).
@@ -451,7 +433,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
         &mut self,
         size: u64,
     ) -> Result<Option<ManagedMemoryHandle>, ReserveError> {
-        self.counters.reserves += 1;
+        self.counters.totals.reserves += 1;
         self.refuse_unpaddable(size)?;
         // A reservation routed to a private pool walks first, so that CubeCL's exact-size reuse
         // has no free slice to hand it (any free slice may be another pool's block): it is an
@@ -478,7 +460,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
                 // on to a placement walk.
                 match self.reserve_limited(size, Growth::PoolOnly) {
                     Ok(handle) => {
-                        self.counters.pool_hits += 1;
+                        self.counters.totals.pool_hits += 1;
                         self.reuse_seen = true;
                         return Ok(Some(handle));
                     }
@@ -503,7 +485,7 @@ impl<D: DeviceMemory> StreamMemory<D> {
             Ok(handle) => {
                 // No new engine block: CubeCL reused a slice a dropped tensor left free.
                 if self.manager.storage().blocks() == blocks {
-                    self.counters.pool_hits += 1;
+                    self.counters.totals.pool_hits += 1;
                     self.reuse_seen = true;
                 }
                 return Ok(Some(handle));
@@ -760,8 +742,8 @@ impl<D: DeviceMemory> StreamMemory<D> {
     /// Hands every free CubeCL slice of this stream back to the engine.
     pub fn reclaim(&mut self) {
         let visited = self.manager.storage().blocks();
-        self.counters.reclaims += 1;
-        self.counters.reclaim_work += visited as u64;
+        self.counters.totals.reclaims += 1;
+        self.counters.totals.reclaim_work += visited as u64;
         self.manager.cleanup(true);
         let released = visited - self.manager.storage().blocks();
         self.last_released = released;

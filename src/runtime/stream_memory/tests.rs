@@ -54,7 +54,7 @@ fn a_would_grow_miss_reclaims_instead_of_growing() {
     // engine splits it instead of allocating a second segment.
     let _smaller = memory.reserve(256 * 1024).expect("reserve");
     let counters = memory.policy_counters();
-    assert_eq!(counters.reserves, 5);
+    assert_eq!(counters.totals.reserves, 5);
     assert_eq!(counters.would_grow, 2, "{counters:?}");
     assert_eq!(counters.budget_reclaims, 2, "{counters:?}");
     assert_eq!(
@@ -84,7 +84,7 @@ fn a_new_large_size_reclaims_before_the_engine_places_it() {
     let counters = memory.policy_counters();
     // 12 MiB and 4 MiB do not walk before placement (nothing was dropped yet), 11 MiB does.
     assert_eq!(counters.placement_reclaims, 1, "{counters:?}");
-    assert_eq!(counters.pool_hits, 1, "{counters:?}");
+    assert_eq!(counters.totals.pool_hits, 1, "{counters:?}");
     assert_eq!(counters.would_grow, 2, "{counters:?}");
     assert_eq!(device.counters().allocs, 2, "no third segment");
     let resolved = memory.manager().storage().blocks();
@@ -104,9 +104,9 @@ fn a_new_large_size_reclaims_before_the_engine_places_it() {
     drop(eleven);
     let again = memory.reserve(11 * MIB).expect("reserve");
     let after = memory.policy_counters();
-    assert_eq!(after.pool_hits, 2);
+    assert_eq!(after.totals.pool_hits, 2);
     assert_eq!(after.placement_reclaims, counters.placement_reclaims);
-    assert_eq!(after.reclaim_work, counters.reclaim_work);
+    assert_eq!(after.totals.reclaim_work, counters.totals.reclaim_work);
     drop((again, small));
 }
 
@@ -138,7 +138,10 @@ fn a_new_large_size_with_an_exact_cached_fit_goes_there_without_a_walk() {
         after.placement_reclaims, before.placement_reclaims,
         "{after:?}"
     );
-    assert_eq!(after.reclaim_work, before.reclaim_work, "{after:?}");
+    assert_eq!(
+        after.totals.reclaim_work, before.totals.reclaim_work,
+        "{after:?}"
+    );
     assert_eq!(memory.manager().storage().blocks(), 2);
     assert_eq!(
         device.counters().allocs,
@@ -180,8 +183,12 @@ fn a_fixed_shape_loop_keeps_cubecls_reuse_and_never_walks() {
     let counters = memory.policy_counters();
     // After the first step every reservation is CubeCL's exact-size reuse: no walk, no
     // engine call, no device call.
-    assert_eq!(counters.pool_hits, first.0.pool_hits + 400, "{counters:?}");
-    assert_eq!(counters.reclaim_work, first.0.reclaim_work);
+    assert_eq!(
+        counters.totals.pool_hits,
+        first.0.totals.pool_hits + 400,
+        "{counters:?}"
+    );
+    assert_eq!(counters.totals.reclaim_work, first.0.totals.reclaim_work);
     assert_eq!(device.counters().allocs, first.1);
     assert_eq!(allocator.stats().num_device_alloc, first.1);
 }
@@ -197,13 +204,13 @@ fn loading_ten_thousand_parameters_costs_constant_reclaim_work_per_allocation() 
         .map(|i| memory.reserve(10 * MIB + (i + 1) * 512).expect("reserve"))
         .collect();
     let counters = memory.policy_counters();
-    assert_eq!(counters.reserves, n);
+    assert_eq!(counters.totals.reserves, n);
     assert_eq!(counters.would_grow, n);
     // The budget bounds the total work of all reclaims by a constant per reservation...
     // ...so reclaims happen at geometrically spaced points, not at every miss: nothing is
     // dropped, so no placement credit is earned and no placement walk runs.
     assert!(
-        counters.reclaim_work <= CREDIT_PER_RESERVE * n + NEW_SIZE_CREDIT,
+        counters.totals.reclaim_work <= CREDIT_PER_RESERVE * n + NEW_SIZE_CREDIT,
         "{counters:?}"
     );
     assert_eq!(counters.placement_reclaims, 0, "{counters:?}");
@@ -299,7 +306,7 @@ fn every_reserve_policy_shows_the_engine_every_tensor_and_its_release() {
         ]
     );
     let counters = memory.policy_counters();
-    assert_eq!(counters.reserves, 3);
+    assert_eq!(counters.totals.reserves, 3);
     assert_eq!(counters.budget_reclaims, 3);
     assert_eq!(memory.manager().storage().blocks(), 2);
     drop(kept);
@@ -353,7 +360,11 @@ fn a_stream_dropping_tensors_reclaims_on_growth_even_when_the_budget_is_short() 
         "{after:?}"
     );
     assert_eq!(after.budget_reclaims, before.budget_reclaims, "{after:?}");
-    assert_eq!(after.reclaim_work, before.reclaim_work + 101, "{after:?}");
+    assert_eq!(
+        after.totals.reclaim_work,
+        before.totals.reclaim_work + 101,
+        "{after:?}"
+    );
     // ...and the engine splits the returned 64 MiB block instead of allocating.
     assert_eq!(allocs_after, allocs_before, "{after:?}");
 
